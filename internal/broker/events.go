@@ -1,0 +1,65 @@
+package broker
+
+import "time"
+
+// EventKind is the kind of an Acquire event.
+type EventKind int
+
+// The Acquire events.
+const (
+	EventQueued EventKind = iota + 1
+	EventAcquired
+	EventKeepalive
+	EventLost
+	EventReleased
+)
+
+// LostReason says why a hold was lost.
+type LostReason int
+
+// The reasons a hold is lost.
+const (
+	LostSessionInvalidated LostReason = iota + 1
+	LostReleasedByOther
+	LostDeletedByOther
+	LostRenewalFailed
+	LostLimitConflict
+	LostBrokerShutdown
+)
+
+// Event is one event of an Acquire.
+type Event struct {
+	Kind EventKind
+	// Queued: the state in the way, the lock-delay left (0 when it is not
+	// what blocks), and the waiting session.
+	State              *State
+	LockDelayRemaining time.Duration
+	Session            string
+	// Acquired, Released: the grant. Acquired, Keepalive: how long it is
+	// guaranteed from now (0: unknown, a client-owned session).
+	Sequencer     Sequencer
+	GuaranteedFor time.Duration
+	Resumed       bool
+	// Lost: why.
+	Reason LostReason
+	Detail string
+}
+
+// AcquireSpec is an Acquire request after validation.
+type AcquireSpec struct {
+	Key   string
+	Value []byte
+	// Limit 0 or 1 is a lock; more is a semaphore.
+	Limit uint32
+	// Wait bounds the wait; WaitForever waits until ctx ends. Wait 0
+	// without WaitForever tries once.
+	Wait        time.Duration
+	WaitForever bool
+	// At most one of NewSession, SessionID, Resume is set; none means a new
+	// session with the defaults.
+	NewSession *SessionSpec
+	SessionID  string
+	Resume     *Sequencer
+	// Fair admits semaphore waiters oldest first.
+	Fair bool
+}

@@ -1,0 +1,142 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// errRenewalFailed: renewals failed until the safe deadline.
+var errRenewalFailed = errors.New("session renewals failed until the safe deadline")
+
+// withDefaults fills the defaults of a session spec.
+func withDefaults(spec *SessionSpec) SessionSpec {
+	out := SessionSpec{TTL: DefaultTTL, LockDelay: DefaultLockDelay, Name: defaultName}
+	if spec != nil {
+		out = *spec
+		if out.TTL == 0 {
+			out.TTL = DefaultTTL
+		}
+		if out.LockDelay < 0 {
+			out.LockDelay = DefaultLockDelay
+		}
+		if out.Name == "" {
+			out.Name = defaultName
+		}
+	}
+	out.TTL = out.TTL.Round(time.Second)
+	return out
+}
+
+// validateSpec checks what the proto rules also check, for callers that do
+// not come through the gRPC layer.
+func validateSpec(s SessionSpec) error {
+	if s.TTL < MinTTL || s.TTL > MaxTTL {
+		return fmt.Errorf("%w: ttl must be between %s and %s, got %s", ErrInvalid, MinTTL, MaxTTL, s.TTL)
+	}
+	if s.LockDelay > MaxLockDelay {
+		return fmt.Errorf("%w: lock_delay must be between 0s and %s, got %s", ErrInvalid, MaxLockDelay, s.LockDelay)
+	}
+	return nil
+}
+
+// CreateSession creates a client-owned session. A nil spec means the
+// defaults; a negative LockDelay means the default lock-delay.
+func (b *Broker) CreateSession(ctx context.Context, spec *SessionSpec) (*SessionInfo, error) {
+	s := withDefaults(spec)
+	if err := validateSpec(s); err != nil {
+		return nil, err
+	}
+	id, err := b.store.CreateSession(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	return b.store.Session(ctx, id)
+}
+
+// RenewSession renews a client-owned session.
+func (b *Broker) RenewSession(ctx context.Context, id string) (*SessionInfo, error) {
+	return b.store.RenewSession(ctx, id)
+}
+
+// DestroySession destroys a session (idempotent).
+func (b *Broker) DestroySession(ctx context.Context, id string) error {
+	return b.store.DestroySession(ctx, id)
+}
+
+// GetSession describes a session.
+func (b *Broker) GetSession(ctx context.Context, id string) (*SessionInfo, error) {
+	return b.store.Session(ctx, id)
+}
+
+// safetyMargin is how long before a renewal's TTL runs out the broker
+// gives the hold up: a tenth of the TTL, at least one second.
+func safetyMargin(ttl time.Duration) time.Duration {
+	return max(ttl/10, time.Second)
+}
+
+// renewer keeps a broker-owned session alive and knows until when the hold
+// is safe: the send time of the last successful renewal plus the TTL, less
+// the safety margin.
+type renewer struct {
+	store    Store
+	id       string
+	ttl      time.Duration
+	deadline time.Time
+	// renewed receives each new deadline; failed receives the final error
+	// (ErrSessionNotFound or errRenewalFailed) once.
+	renewed chan time.Time
+	failed  chan error
+}
+
+func newRenewer(store Store, id string, ttl time.Duration, start time.Time) *renewer {
+	return &renewer{
+		store:    store,
+		id:       id,
+		ttl:      ttl,
+		deadline: start.Add(ttl - safetyMargin(ttl)),
+		renewed:  make(chan time.Time, 1),
+		failed:   make(chan error, 1),
+	}
+}
+
+// run renews every TTL/3 until ctx ends or the session is lost.
+func (r *renewer) run(ctx context.Context) {
+	interval := r.ttl / 3
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		sent := time.Now()
+		rctx, cancel := context.WithDeadline(ctx, r.deadline)
+		_, err := r.store.RenewSession(rctx, r.id)
+		cancel()
+		switch {
+		case err == nil:
+			r.deadline = sent.Add(r.ttl - safetyMargin(r.ttl))
+			select {
+			case <-r.renewed: // keep only the newest deadline
+			default:
+			}
+			r.renewed <- r.deadline
+			timer.Reset(interval)
+		case errors.Is(err, ErrSessionNotFound):
+			r.failed <- err
+			return
+		case ctx.Err() != nil:
+			return
+		default:
+			left := time.Until(r.deadline)
+			if left <= 0 {
+				r.failed <- fmt.Errorf("%w: last error: %v", errRenewalFailed, err)
+				return
+			}
+			timer.Reset(min(500*time.Millisecond, left))
+		}
+	}
+}

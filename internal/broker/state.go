@@ -1,0 +1,171 @@
+package broker
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Kind is what a key is in Consul.
+type Kind int
+
+// The kinds of key.
+const (
+	KindNone Kind = iota + 1
+	KindLock
+	KindSemaphore
+	KindForeign
+)
+
+// Holder is one current holder of a key.
+type Holder struct {
+	Session     string
+	Value       []byte
+	Token       uint64
+	LockIndex   uint64
+	CreateIndex uint64 // of the lock key or contender entry
+}
+
+// State is a key's kind and holders at one Consul index.
+type State struct {
+	Key     string
+	Kind    Kind
+	Limit   uint32
+	Holders []Holder
+	Index   uint64
+
+	// lock is the lock entry (KindLock, KindForeign).
+	lock *Entry
+	// semLock is the semaphore's `.lock` entry and sem its decoded body.
+	semLock *Entry
+	sem     *semBody
+	// semErr says why a `.lock` body could not be used.
+	semErr error
+	// contenders are the live semaphore contender entries, by session.
+	contenders map[string]*Entry
+}
+
+// semBody is the JSON of a semaphore's `.lock` key, as api.Semaphore
+// writes it.
+type semBody struct {
+	Limit   int             `json:"Limit"`
+	Holders map[string]bool `json:"Holders"`
+}
+
+const semLockSuffix = "/.lock"
+
+// deriveState builds the state of key from the entries of a listing of
+// prefix key (entries outside key and key/ are ignored).
+func deriveState(key string, entries []*Entry, index uint64) *State {
+	st := &State{Key: key, Kind: KindNone, Index: index}
+	children := make(map[string]*Entry)
+	for _, e := range entries {
+		switch {
+		case e.Key == key:
+			st.lock = e
+		case e.Key == key+semLockSuffix:
+			st.semLock = e
+		case strings.HasPrefix(e.Key, key+"/") && !strings.Contains(e.Key[len(key)+1:], "/"):
+			children[e.Key[len(key)+1:]] = e
+		}
+	}
+	if st.semLock != nil && st.semLock.Flags == SemaphoreFlagValue {
+		st.Kind = KindSemaphore
+		st.contenders = make(map[string]*Entry)
+		for name, e := range children {
+			if e.Flags == SemaphoreFlagValue && e.Session == name {
+				st.contenders[name] = e
+			}
+		}
+		var body semBody
+		if err := json.Unmarshal(st.semLock.Value, &body); err != nil {
+			st.semErr = fmt.Errorf("%w: semaphore %q has a malformed .lock body: %v", ErrConflict, key, err)
+			return st
+		}
+		if body.Limit <= 0 || body.Limit > maxLimit {
+			st.semErr = fmt.Errorf("%w: semaphore %q has a bad stored limit %d", ErrConflict, key, body.Limit)
+			return st
+		}
+		if body.Holders == nil {
+			body.Holders = map[string]bool{} // api.Semaphore writes into it
+		}
+		st.sem = &body
+		st.Limit = uint32(body.Limit)
+		for sid := range body.Holders {
+			if c, ok := st.contenders[sid]; ok {
+				st.Holders = append(st.Holders, Holder{Session: sid, Value: c.Value, LockIndex: c.LockIndex, CreateIndex: c.CreateIndex})
+			}
+		}
+		sort.Slice(st.Holders, func(i, j int) bool { return st.Holders[i].CreateIndex < st.Holders[j].CreateIndex })
+		return st
+	}
+	if st.lock != nil {
+		if st.lock.Flags != LockFlagValue {
+			st.Kind = KindForeign
+			return st
+		}
+		st.Kind = KindLock
+		st.Limit = 1
+		if st.lock.Session != "" {
+			st.Holders = []Holder{{
+				Session:     st.lock.Session,
+				Value:       st.lock.Value,
+				LockIndex:   st.lock.LockIndex,
+				CreateIndex: st.lock.CreateIndex,
+				Token:       st.lock.ModifyIndex,
+			}}
+		}
+	}
+	return st
+}
+
+// holds reports whether session is among the holders.
+func (st *State) holder(session string) (Holder, bool) {
+	for _, h := range st.Holders {
+		if h.Session == session {
+			return h, true
+		}
+	}
+	return Holder{}, false
+}
+
+// sameHolders reports whether two states show the same kind, limit and
+// holders (values included).
+func sameHolders(a, b *State) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	if a.Kind != b.Kind || a.Limit != b.Limit || len(a.Holders) != len(b.Holders) {
+		return false
+	}
+	for i := range a.Holders {
+		x, y := a.Holders[i], b.Holders[i]
+		if x.Session != y.Session || x.LockIndex != y.LockIndex || x.Token != y.Token || string(x.Value) != string(y.Value) {
+			return false
+		}
+	}
+	return true
+}
+
+// subStates splits a listing under prefix into the state of every lock
+// key and semaphore prefix it contains (prefix itself included).
+func subStates(prefix string, entries []*Entry, index uint64) map[string]*State {
+	keys := make(map[string]bool)
+	for _, e := range entries {
+		if e.Key != prefix && !strings.HasPrefix(e.Key, prefix+"/") {
+			continue
+		}
+		switch {
+		case e.Flags == LockFlagValue:
+			keys[e.Key] = true
+		case e.Flags == SemaphoreFlagValue && strings.HasSuffix(e.Key, semLockSuffix):
+			keys[strings.TrimSuffix(e.Key, semLockSuffix)] = true
+		}
+	}
+	out := make(map[string]*State, len(keys))
+	for k := range keys {
+		out[k] = deriveState(k, entries, index)
+	}
+	return out
+}

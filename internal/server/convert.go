@@ -1,0 +1,117 @@
+package server
+
+import (
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/broker"
+)
+
+var kinds = map[broker.Kind]lockbrokerv1.LockKind{
+	broker.KindNone:      lockbrokerv1.LockKind_LOCK_KIND_NONE,
+	broker.KindLock:      lockbrokerv1.LockKind_LOCK_KIND_LOCK,
+	broker.KindSemaphore: lockbrokerv1.LockKind_LOCK_KIND_SEMAPHORE,
+	broker.KindForeign:   lockbrokerv1.LockKind_LOCK_KIND_FOREIGN,
+}
+
+var reasons = map[broker.LostReason]lockbrokerv1.LostReason{
+	broker.LostSessionInvalidated: lockbrokerv1.LostReason_LOST_REASON_SESSION_INVALIDATED,
+	broker.LostReleasedByOther:    lockbrokerv1.LostReason_LOST_REASON_RELEASED_BY_OTHER,
+	broker.LostDeletedByOther:     lockbrokerv1.LostReason_LOST_REASON_DELETED_BY_OTHER,
+	broker.LostRenewalFailed:      lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED,
+	broker.LostLimitConflict:      lockbrokerv1.LostReason_LOST_REASON_LIMIT_CONFLICT,
+	broker.LostBrokerShutdown:     lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN,
+}
+
+func stateToProto(st *broker.State) *lockbrokerv1.LockState {
+	if st == nil {
+		return nil
+	}
+	out := &lockbrokerv1.LockState{Key: st.Key, Kind: kinds[st.Kind], Limit: st.Limit, Index: st.Index}
+	for _, h := range st.Holders {
+		out.Holders = append(out.Holders, &lockbrokerv1.Holder{
+			SessionId: h.Session,
+			Value:     h.Value,
+			Token:     h.Token,
+			LockIndex: h.LockIndex,
+		})
+	}
+	return out
+}
+
+func seqToProto(s broker.Sequencer) *lockbrokerv1.Sequencer {
+	return &lockbrokerv1.Sequencer{Key: s.Key, SessionId: s.Session, LockIndex: s.LockIndex, Token: s.Token, Kind: kinds[s.Kind]}
+}
+
+func seqFromProto(s *lockbrokerv1.Sequencer) broker.Sequencer {
+	out := broker.Sequencer{Key: s.GetKey(), Session: s.GetSessionId(), LockIndex: s.GetLockIndex(), Token: s.GetToken()}
+	for k, v := range kinds {
+		if v == s.GetKind() {
+			out.Kind = k
+		}
+	}
+	return out
+}
+
+// specFromProto converts session options; nil stays nil (the defaults).
+// An absent lock_delay becomes -1, the broker's "use the default".
+func specFromProto(o *lockbrokerv1.SessionOptions) *broker.SessionSpec {
+	if o == nil {
+		return nil
+	}
+	s := &broker.SessionSpec{
+		Name:      o.GetName(),
+		TTL:       o.GetTtl().AsDuration(),
+		LockDelay: -1,
+		Delete:    o.GetBehavior() == lockbrokerv1.SessionBehavior_SESSION_BEHAVIOR_DELETE,
+		Checks:    o.GetChecks(),
+	}
+	if o.LockDelay != nil {
+		s.LockDelay = o.GetLockDelay().AsDuration()
+	}
+	return s
+}
+
+func sessionToProto(s *broker.SessionInfo) *lockbrokerv1.Session {
+	b := lockbrokerv1.SessionBehavior_SESSION_BEHAVIOR_RELEASE
+	if s.Delete {
+		b = lockbrokerv1.SessionBehavior_SESSION_BEHAVIOR_DELETE
+	}
+	return &lockbrokerv1.Session{
+		Id:          s.ID,
+		Name:        s.Name,
+		Ttl:         durationpb.New(s.TTL),
+		LockDelay:   durationpb.New(s.LockDelay),
+		Behavior:    b,
+		Node:        s.Node,
+		Checks:      s.Checks,
+		CreateIndex: s.CreateIndex,
+	}
+}
+
+func eventToProto(e broker.Event) *lockbrokerv1.AcquireResponse {
+	switch e.Kind {
+	case broker.EventQueued:
+		q := &lockbrokerv1.AcquireQueued{State: stateToProto(e.State), SessionId: e.Session}
+		if e.LockDelayRemaining > 0 {
+			q.LockDelayRemaining = durationpb.New(e.LockDelayRemaining)
+		}
+		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Queued{Queued: q}}
+	case broker.EventAcquired:
+		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Acquired{Acquired: &lockbrokerv1.AcquireAcquired{
+			Sequencer: seqToProto(e.Sequencer), GuaranteedFor: durationpb.New(e.GuaranteedFor), Resumed: e.Resumed,
+		}}}
+	case broker.EventKeepalive:
+		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Keepalive{Keepalive: &lockbrokerv1.AcquireKeepalive{
+			GuaranteedFor: durationpb.New(e.GuaranteedFor),
+		}}}
+	case broker.EventLost:
+		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Lost{Lost: &lockbrokerv1.AcquireLost{
+			Reason: reasons[e.Reason], Detail: e.Detail,
+		}}}
+	default:
+		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Released{Released: &lockbrokerv1.AcquireReleased{
+			Sequencer: seqToProto(e.Sequencer),
+		}}}
+	}
+}

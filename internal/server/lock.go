@@ -1,0 +1,90 @@
+package server
+
+import (
+	"context"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/broker"
+)
+
+// LockService implements lockbroker.v1.LockService. Requests arrive
+// validated by the protovalidate interceptor.
+type LockService struct {
+	lockbrokerv1.UnimplementedLockServiceServer
+	broker *broker.Broker
+	log    *zap.Logger
+}
+
+// NewLockService returns the LockService on b.
+func NewLockService(b *broker.Broker, log *zap.Logger) *LockService {
+	return &LockService{broker: b, log: log}
+}
+
+// Acquire implements LockService.Acquire.
+func (s *LockService) Acquire(req *lockbrokerv1.AcquireRequest, stream grpc.ServerStreamingServer[lockbrokerv1.AcquireResponse]) error {
+	spec := broker.AcquireSpec{
+		Key:         req.GetKey(),
+		Value:       req.GetValue(),
+		Limit:       req.GetLimit(),
+		WaitForever: req.WaitTimeout == nil,
+		Wait:        req.GetWaitTimeout().AsDuration(),
+		NewSession:  specFromProto(req.GetNewSession()),
+		SessionID:   req.GetSessionId(),
+		Fair:        req.GetFair(),
+	}
+	if r := req.GetResume(); r != nil {
+		seq := seqFromProto(r)
+		spec.Resume = &seq
+	}
+	err := s.broker.Acquire(stream.Context(), spec, func(e broker.Event) error {
+		return stream.Send(eventToProto(e))
+	})
+	return toStatus(s.log, err)
+}
+
+// Release implements LockService.Release.
+func (s *LockService) Release(ctx context.Context, req *lockbrokerv1.ReleaseRequest) (*lockbrokerv1.ReleaseResponse, error) {
+	released, err := s.broker.Release(ctx, req.GetKey(), req.GetSessionId())
+	if err != nil {
+		return nil, toStatus(s.log, err)
+	}
+	return &lockbrokerv1.ReleaseResponse{Released: released}, nil
+}
+
+// Watch implements LockService.Watch.
+func (s *LockService) Watch(req *lockbrokerv1.WatchRequest, stream grpc.ServerStreamingServer[lockbrokerv1.WatchResponse]) error {
+	err := s.broker.Watch(stream.Context(), req.GetKey(), req.GetPrefix(), func(st *broker.State, skipped uint64) error {
+		return stream.Send(&lockbrokerv1.WatchResponse{State: stateToProto(st), Skipped: skipped})
+	})
+	return toStatus(s.log, err)
+}
+
+// GetLock implements LockService.GetLock.
+func (s *LockService) GetLock(ctx context.Context, req *lockbrokerv1.GetLockRequest) (*lockbrokerv1.GetLockResponse, error) {
+	st, err := s.broker.GetLock(ctx, req.GetKey())
+	if err != nil {
+		return nil, toStatus(s.log, err)
+	}
+	return &lockbrokerv1.GetLockResponse{State: stateToProto(st)}, nil
+}
+
+// SetValue implements LockService.SetValue.
+func (s *LockService) SetValue(ctx context.Context, req *lockbrokerv1.SetValueRequest) (*lockbrokerv1.SetValueResponse, error) {
+	seq, err := s.broker.SetValue(ctx, req.GetKey(), req.GetSessionId(), req.GetValue())
+	if err != nil {
+		return nil, toStatus(s.log, err)
+	}
+	return &lockbrokerv1.SetValueResponse{Sequencer: seqToProto(*seq)}, nil
+}
+
+// CheckSequencer implements LockService.CheckSequencer.
+func (s *LockService) CheckSequencer(ctx context.Context, req *lockbrokerv1.CheckSequencerRequest) (*lockbrokerv1.CheckSequencerResponse, error) {
+	ok, st, err := s.broker.CheckSequencer(ctx, seqFromProto(req.GetSequencer()))
+	if err != nil {
+		return nil, toStatus(s.log, err)
+	}
+	return &lockbrokerv1.CheckSequencerResponse{Current: ok, State: stateToProto(st)}, nil
+}
