@@ -1,0 +1,94 @@
+# lockbroker — `make run` to try it, `make test` to check everything.
+# Both install what a fresh machine lacks: the pinned Consul build
+# (bin/consul), npm tools, Debian packages for the Python tests.
+
+SHELL := /bin/bash
+export GOTOOLCHAIN := local
+GO ?= go
+GOTOOL := $(GO) tool -modfile=tools/go/go.mod
+BUF := npx --no-install buf
+PYTHON := /usr/bin/python3
+DEB_PACKAGES := protobuf-compiler protobuf-compiler-grpc python3-grpcio python3-protobuf python3-pytest
+
+.PHONY: all run test test-go test-python test-node lint generate check-generate breaking \
+	consul broker lockctl deps deps-npm deps-deb deps-node bench chaos clean
+
+all: broker lockctl
+
+## Binaries ---------------------------------------------------------------
+
+broker:
+	$(GO) build -o bin/broker ./cmd/broker
+
+lockctl:
+	$(GO) build -o bin/lockctl ./cmd/lockctl
+
+# Consul v1.20.6, built from the Go module proxy (first build ~8 min).
+consul: bin/consul
+bin/consul: tools/consul/go.mod tools/consul/go.sum
+	cd tools/consul && $(GO) build -o ../../bin/consul github.com/hashicorp/consul
+	@touch bin/consul
+
+## Dependencies -----------------------------------------------------------
+
+deps: deps-npm deps-deb deps-node
+
+node_modules/.package-lock.json: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+deps-npm: node_modules/.package-lock.json
+
+deps-deb:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+test/node/node_modules/.package-lock.json: test/node/package.json test/node/package-lock.json
+	npm ci --prefix test/node --no-audit --no-fund --loglevel=error
+deps-node: test/node/node_modules/.package-lock.json
+
+## Code generation and lint ----------------------------------------------
+
+generate: deps-npm deps-deb
+	$(BUF) generate
+
+# Fails when gen/ differs from what buf generates.
+check-generate: generate
+	@if [ -n "$$(git status --porcelain -- gen)" ]; then \
+		echo "gen/ is out of date with proto/: run make generate and commit"; git status --porcelain -- gen; exit 1; fi
+
+breaking: deps-npm
+	@if git rev-parse --verify -q main >/dev/null && git ls-tree -r --name-only main | grep -q '^proto/'; then \
+		$(BUF) breaking --against '.git#branch=main'; else echo "no proto on main yet: skipping buf breaking"; fi
+
+lint: deps-npm
+	$(BUF) lint
+	$(GO) vet ./...
+	$(GOTOOL) staticcheck ./...
+
+## Tests ------------------------------------------------------------------
+
+test: consul deps check-generate breaking lint broker lockctl test-go test-python test-node
+
+test-go: consul
+	$(GO) test -count=1 -timeout 25m ./...
+
+test-python: consul broker deps-deb
+	PYTHONPATH=gen/python $(PYTHON) -m pytest -q test/python
+
+test-node: consul broker deps-node
+	node --test test/node/
+
+# Benchmarks: figures, not assertions (see README).
+bench: consul
+	$(GO) test -run '^$$' -bench . -benchtime 200x -count 1 -timeout 30m ./test/bench/
+
+## Running it -------------------------------------------------------------
+
+run: consul broker
+	bin/broker --dev
+
+clean:
+	rm -rf bin node_modules test/node/node_modules

@@ -1,0 +1,116 @@
+// Package client is the Go client of lockbroker: distributed locks,
+// semaphore slots and leader election held through a broker's gRPC stream.
+//
+// A lock from this package is a lease, not a mutex. It can be lost at any
+// moment: a network partition, a paused process (GC, swap, a stopped VM),
+// an operator destroying the session. Lease.Lost is closed as soon as the
+// client knows, and before the guaranteed deadline when it cannot reach any
+// broker, but a process paused past that deadline learns it only when it
+// runs again. Work that must never run twice at once must therefore pass
+// Lease.Sequencer().Token to the resource it changes, and the resource must
+// refuse tokens lower than the highest it has seen (fencing).
+package client
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+)
+
+// Errors returned by Lock, TryLock and Lease.Err.
+var (
+	// ErrBusy: TryLock found the key held (gRPC ABORTED).
+	ErrBusy = errors.New("lock is busy")
+	// ErrReleased: the lease was released by Release.
+	ErrReleased = errors.New("lease released")
+)
+
+// LostError says why a lease was lost.
+type LostError struct {
+	Reason lockbrokerv1.LostReason
+	Detail string
+}
+
+func (e *LostError) Error() string { return fmt.Sprintf("lease lost: %s: %s", e.Reason, e.Detail) }
+
+// Client talks to one or more broker replicas.
+type Client struct {
+	locks []lockbrokerv1.LockServiceClient
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithReplicas adds other broker replicas. When the broker holding a
+// lease's stream goes away, the lease resumes on the next replica with the
+// same session and sequencer, before its guaranteed deadline.
+func WithReplicas(conns ...grpc.ClientConnInterface) Option {
+	return func(c *Client) {
+		for _, cc := range conns {
+			c.locks = append(c.locks, lockbrokerv1.NewLockServiceClient(cc))
+		}
+	}
+}
+
+// New returns a Client on conn (a *grpc.ClientConn to a broker).
+func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
+	c := &Client{locks: []lockbrokerv1.LockServiceClient{lockbrokerv1.NewLockServiceClient(conn)}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// LockOption configures one Lock or TryLock.
+type LockOption func(*lockbrokerv1.AcquireRequest)
+
+func session(r *lockbrokerv1.AcquireRequest) *lockbrokerv1.SessionOptions {
+	if r.GetNewSession() == nil {
+		r.Session = &lockbrokerv1.AcquireRequest_NewSession{NewSession: &lockbrokerv1.SessionOptions{}}
+	}
+	return r.GetNewSession()
+}
+
+// WithValue sets the holder's value (its identity; default empty; at most
+// 512 KiB, else INVALID_ARGUMENT).
+func WithValue(v []byte) LockOption { return func(r *lockbrokerv1.AcquireRequest) { r.Value = v } }
+
+// WithTTL sets the session TTL (default 15s; 10s to 24h, else
+// INVALID_ARGUMENT). A longer TTL survives longer broker outages and keeps
+// a crashed holder's lock longer.
+func WithTTL(d time.Duration) LockOption {
+	return func(r *lockbrokerv1.AcquireRequest) { session(r).Ttl = durationpb.New(d) }
+}
+
+// WithLockDelay sets Consul's lock-delay (default 15s; 0 to 60s, else
+// INVALID_ARGUMENT): after the session is invalidated nobody can take the
+// key for this long.
+func WithLockDelay(d time.Duration) LockOption {
+	return func(r *lockbrokerv1.AcquireRequest) { session(r).LockDelay = durationpb.New(d) }
+}
+
+// WithDeleteBehavior makes Consul delete the key, not just release it,
+// when the session is invalidated (for work keys that should vanish).
+func WithDeleteBehavior() LockOption {
+	return func(r *lockbrokerv1.AcquireRequest) {
+		session(r).Behavior = lockbrokerv1.SessionBehavior_SESSION_BEHAVIOR_DELETE
+	}
+}
+
+// WithLimit takes a semaphore slot of n (default 1: an exclusive lock;
+// every holder of a key must use the same limit, else FAILED_PRECONDITION).
+func WithLimit(n uint32) LockOption { return func(r *lockbrokerv1.AcquireRequest) { r.Limit = n } }
+
+// WithFair admits semaphore waiters oldest first (default off).
+func WithFair() LockOption { return func(r *lockbrokerv1.AcquireRequest) { r.Fair = true } }
+
+// WithWaitTimeout bounds Lock's wait (default: until ctx ends). A wait that
+// runs out fails with gRPC DEADLINE_EXCEEDED naming the holders.
+func WithWaitTimeout(d time.Duration) LockOption {
+	return func(r *lockbrokerv1.AcquireRequest) { r.WaitTimeout = durationpb.New(d) }
+}

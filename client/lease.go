@@ -1,0 +1,308 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+		"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+)
+
+// Lease is a held lock or semaphore slot.
+type Lease struct {
+	c   *Client
+	key string
+	req *lockbrokerv1.AcquireRequest
+	seq *lockbrokerv1.Sequencer
+
+	lost    chan struct{}
+	stopped chan struct{}
+	cancel  context.CancelFunc
+
+	mu       sync.Mutex
+	replica  int
+	deadline time.Time
+	err      error
+}
+
+// Lock waits until it holds key (or ctx ends) and returns the lease.
+func (c *Client) Lock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
+	return c.acquire(ctx, key, opts)
+}
+
+// TryLock takes key if it is free now; ErrBusy (wrapped with the holders)
+// if not.
+func (c *Client) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
+	return c.acquire(ctx, key, append(opts, func(r *lockbrokerv1.AcquireRequest) { r.WaitTimeout = durationpb.New(0) }))
+}
+
+func (c *Client) acquire(ctx context.Context, key string, opts []LockOption) (*Lease, error) {
+	req := &lockbrokerv1.AcquireRequest{Key: key}
+	for _, o := range opts {
+		o(req)
+	}
+	var lastErr error
+	for i := range c.locks {
+		l, err := c.open(ctx, i, req)
+		if err == nil {
+			return l, nil
+		}
+		lastErr = err
+		if status.Code(err) != codes.Unavailable {
+			break
+		}
+	}
+	return nil, lastErr
+}
+
+// open runs one Acquire on replica i until `acquired`.
+func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireRequest) (*Lease, error) {
+	sctx, cancel := context.WithCancel(context.Background())
+	stop := context.AfterFunc(ctx, cancel) // ctx bounds only the wait
+	stream, err := c.locks[i].Acquire(sctx, req)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			stop()
+			cancel()
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if status.Code(err) == codes.Aborted {
+				return nil, fmt.Errorf("%w: %s", ErrBusy, status.Convert(err).Message())
+			}
+			return nil, err
+		}
+		if a := resp.GetAcquired(); a != nil {
+			if !stop() {
+				cancel()
+				return nil, ctx.Err()
+			}
+			l := &Lease{
+				c: c, key: req.GetKey(), req: req, seq: a.GetSequencer(), replica: i,
+				lost: make(chan struct{}), stopped: make(chan struct{}), cancel: cancel,
+				deadline: time.Now().Add(a.GetGuaranteedFor().AsDuration()),
+			}
+			go l.run(stream)
+			return l, nil
+		}
+	}
+}
+
+// Lost is closed when the lease ends: lost, released, or past its
+// guaranteed deadline with no broker reachable. Err says which.
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Err is nil while the lease is held, ErrReleased after Release, and a
+// *LostError after a loss.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Sequencer is the grant: pass its Token to protected resources.
+func (l *Lease) Sequencer() *lockbrokerv1.Sequencer { return proto.CloneOf(l.seq) }
+
+// Deadline is how long the lease is guaranteed if no broker is heard from.
+func (l *Lease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// SetValue changes the holder's value; the sequencer stays the same.
+func (l *Lease) SetValue(ctx context.Context, value []byte) error {
+	_, err := l.locks().SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: l.key, SessionId: l.seq.GetSessionId(), Value: value})
+	return err
+}
+
+// Release gives the lease up and waits until the broker has released it
+// in Consul. Releasing a lost lease returns its loss.
+func (l *Lease) Release(ctx context.Context) error {
+	select {
+	case <-l.lost:
+		if err := l.Err(); !errors.Is(err, ErrReleased) {
+			return err
+		}
+		return nil
+	default:
+	}
+	_, err := l.locks().Release(ctx, &lockbrokerv1.ReleaseRequest{Key: l.key, SessionId: l.seq.GetSessionId()})
+	if err != nil {
+		l.end(ErrReleased) // closing the stream releases it too
+	}
+	select {
+	case <-l.stopped:
+	case <-ctx.Done():
+		l.end(ErrReleased)
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (l *Lease) locks() lockbrokerv1.LockServiceClient {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.c.locks[l.replica]
+}
+
+// end closes the lease once with err and stops its stream.
+func (l *Lease) end(err error) {
+	l.mu.Lock()
+	if l.err == nil {
+		l.err = err
+		close(l.lost)
+	}
+	cancel := l.cancel
+	l.mu.Unlock()
+	cancel()
+}
+
+type recvResult struct {
+	resp *lockbrokerv1.AcquireResponse
+	err  error
+}
+
+// run follows the stream: keepalives move the deadline, `lost` and
+// `released` end the lease, a broken stream resumes on another replica.
+func (l *Lease) run(stream lockbrokerv1.LockService_AcquireClient) {
+	defer close(l.stopped)
+	for {
+		err := l.follow(stream)
+		if err != nil {
+			l.end(err)
+			return
+		}
+		stream = l.resume()
+		if stream == nil {
+			return
+		}
+	}
+}
+
+// follow reads stream until the lease ends (returns its error) or the
+// stream breaks or the broker shuts down (returns nil: resume).
+func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
+	events := make(chan recvResult)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			resp, err := stream.Recv()
+			select {
+			case events <- recvResult{resp, err}:
+			case <-done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		timer := time.NewTimer(time.Until(l.Deadline()))
+		select {
+		case <-timer.C:
+			return &LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Detail: "no keepalive from the broker before the guaranteed deadline"}
+		case ev := <-events:
+			timer.Stop()
+			if ev.err != nil {
+				if err := l.Err(); err != nil {
+					return err // ended locally (Release)
+				}
+				return nil // broken stream: resume elsewhere
+			}
+			switch e := ev.resp.GetEvent().(type) {
+			case *lockbrokerv1.AcquireResponse_Keepalive:
+				l.mu.Lock()
+				l.deadline = time.Now().Add(e.Keepalive.GetGuaranteedFor().AsDuration())
+				l.mu.Unlock()
+			case *lockbrokerv1.AcquireResponse_Released:
+				return ErrReleased
+			case *lockbrokerv1.AcquireResponse_Lost:
+				if e.Lost.GetReason() == lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN {
+					return nil
+				}
+				return &LostError{Reason: e.Lost.GetReason(), Detail: e.Lost.GetDetail()}
+			}
+		}
+	}
+}
+
+// resume re-attaches the hold on the replicas, in turn, until the
+// deadline. It returns the new stream, or nil after ending the lease.
+func (l *Lease) resume() lockbrokerv1.LockService_AcquireClient {
+	n := len(l.c.locks)
+	for attempt := 1; ; attempt++ {
+		if time.Until(l.Deadline()) <= 0 {
+			l.end(&LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Detail: "no broker replica could resume the hold before its guaranteed deadline"})
+			return nil
+		}
+		l.mu.Lock()
+		l.replica = (l.replica + 1) % n
+		i := l.replica
+		l.mu.Unlock()
+		req := proto.CloneOf(l.req)
+		req.Session = &lockbrokerv1.AcquireRequest_Resume{Resume: l.seq}
+		stream, err := l.tryResume(i, req)
+		if err == nil {
+			return stream
+		}
+		switch status.Code(err) {
+		case codes.FailedPrecondition, codes.NotFound, codes.InvalidArgument:
+			l.end(&LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_SESSION_INVALIDATED, Detail: "resume refused: " + status.Convert(err).Message()})
+			return nil
+		}
+		if attempt%n == 0 {
+			select {
+			case <-time.After(min(200*time.Millisecond, max(time.Until(l.Deadline()), 0))):
+			case <-l.lost:
+				return nil
+			}
+		}
+	}
+}
+
+// tryResume opens a resume stream on replica i and waits for `acquired`,
+// bounded by the lease's deadline.
+func (l *Lease) tryResume(i int, req *lockbrokerv1.AcquireRequest) (lockbrokerv1.LockService_AcquireClient, error) {
+	sctx, cancel := context.WithCancel(context.Background())
+	stream, err := l.c.locks[i].Acquire(sctx, req)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	t := time.AfterFunc(time.Until(l.Deadline()), cancel)
+	resp, err := stream.Recv()
+	if !t.Stop() || err != nil {
+		cancel()
+		if err == nil {
+			err = status.Error(codes.DeadlineExceeded, "resume past the deadline")
+		}
+		return nil, err
+	}
+	a := resp.GetAcquired()
+	if a == nil || a.GetSequencer().GetToken() != l.seq.GetToken() {
+		cancel()
+		return nil, status.Error(codes.FailedPrecondition, "resume did not return the same grant")
+	}
+	l.mu.Lock()
+	old := l.cancel
+	l.cancel = cancel
+	l.deadline = time.Now().Add(a.GetGuaranteedFor().AsDuration())
+	l.mu.Unlock()
+	old()
+	return stream, nil
+}
