@@ -60,7 +60,11 @@ func New(store Store, log *zap.Logger, opts ...Option) *Broker {
 // sessions to expire, so clients can resume them elsewhere), waits for the
 // holds to finish, and stops the watches.
 func (b *Broker) Close() {
-	b.shutdownOnce.Do(func() { close(b.shutdown) })
+	b.shutdownOnce.Do(func() {
+		b.mu.Lock() // no Acquire may join b.holds once Wait starts
+		close(b.shutdown)
+		b.mu.Unlock()
+	})
 	b.holds.Wait()
 	b.hub.close()
 }

@@ -204,8 +204,8 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		if st != nil && !h.sem {
 			for _, hd := range st.Holders {
 				if _, ok := delays[hd.Session]; !ok {
-					if info, err := h.b.store.Session(ctx, hd.Session); err == nil {
-						delays[hd.Session] = info.LockDelay
+					if d, ok := h.sub.holderDelay(ctx, hd.Session); ok {
+						delays[hd.Session] = d
 					}
 				}
 			}

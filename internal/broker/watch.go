@@ -40,6 +40,8 @@ type keyWatch struct {
 	// this replica made, by session and lock index. Consul forgets the
 	// index of a granting write once the holder rewrites its value.
 	terms map[string]uint64
+	// delays caches the lock-delay of holder sessions, for waiters.
+	delays map[string]time.Duration
 }
 
 // sub is one subscriber of a keyWatch. It keeps only a wake-up signal and
@@ -64,7 +66,7 @@ func (h *hub) subscribe(key string) *sub {
 	kw, ok := h.watches[key]
 	if !ok {
 		ctx, cancel := context.WithCancel(context.Background())
-		kw = &keyWatch{h: h, key: key, cancel: cancel, subs: make(map[*sub]struct{}), terms: make(map[string]uint64)}
+		kw = &keyWatch{h: h, key: key, cancel: cancel, subs: make(map[*sub]struct{}), terms: make(map[string]uint64), delays: make(map[string]time.Duration)}
 		h.watches[key] = kw
 		h.wg.Add(1)
 		go func() {
@@ -119,6 +121,29 @@ func (s *sub) setTerm(seq *Sequencer) {
 	s.kw.mu.Lock()
 	s.kw.terms[termKey(seq.Key, seq.Session, seq.LockIndex)] = seq.Token
 	s.kw.mu.Unlock()
+}
+
+// holderDelay returns the lock-delay of a holder's session, read once per
+// watched key and shared by its waiters. ok is false when it cannot be
+// read (the session is already gone).
+func (s *sub) holderDelay(ctx context.Context, session string) (time.Duration, bool) {
+	s.kw.mu.Lock()
+	d, ok := s.kw.delays[session]
+	s.kw.mu.Unlock()
+	if ok {
+		return d, true
+	}
+	info, err := s.kw.h.store.Session(ctx, session)
+	if err != nil {
+		return 0, false
+	}
+	s.kw.mu.Lock()
+	if len(s.kw.delays) > 1024 {
+		clear(s.kw.delays)
+	}
+	s.kw.delays[session] = info.LockDelay
+	s.kw.mu.Unlock()
+	return info.LockDelay, true
 }
 
 // state returns the newest state (nil before the first read) and how many

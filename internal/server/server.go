@@ -14,6 +14,7 @@ import (
 	pvmw "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/protovalidate"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -57,7 +58,8 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger) (*Server, error) {
 	reg := prometheus.NewRegistry()
 	srvMetrics := grpcprom.NewServerMetrics()
 	reg.MustRegister(srvMetrics,
-		prometheus.NewGoCollector(),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "lockbroker_consul_blocking_queries",
 			Help: "Consul blocking queries this replica has open (one per watched key).",
