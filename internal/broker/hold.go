@@ -269,7 +269,17 @@ func (h *hold) keep(ctx context.Context, seq *Sequencer) error {
 	lost := func(r LostReason, detail string) error {
 		h.b.log.Info("hold lost", zap.String("key", seq.Key), zap.String("session", seq.Session), zap.Int("reason", int(r)), zap.String("detail", detail))
 		err := h.send(Event{Kind: EventLost, Reason: r, Detail: detail, Sequencer: *seq})
-		h.finish(ctx, r == LostBrokerShutdown)
+		switch r {
+		case LostBrokerShutdown:
+			// keep the session: the client may resume it elsewhere
+		case LostRenewalFailed:
+			// Consul is unreachable: try to clean up briefly, in the
+			// background, so the stream ends now.
+			h.b.holds.Add(1)
+			go func() { defer h.b.holds.Done(); h.finish(ctx, false) }()
+		default:
+			h.finish(ctx, false)
+		}
 		return err
 	}
 	for {
