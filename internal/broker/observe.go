@@ -39,9 +39,7 @@ func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(s
 		}
 		now := subStates(key, entries, idx)
 		for k, st := range now {
-			s.kw.mu.Lock()
-			s.kw.fillTerms(st)
-			s.kw.mu.Unlock()
+			s.fill(st)
 			if prev, seen := lastSub[k]; seen && sameHolders(prev, st) {
 				continue
 			}

@@ -2,82 +2,113 @@ package broker
 
 import (
 	"context"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
 )
 
-// hub shares Consul blocking queries: one per watched key per replica,
-// fanned out to every hold, waiter and observer of that key.
+// Watch sharing. Every hold, waiter and observer of a key subscribes to
+// the key; subscribers of one key share one Consul blocking query (a
+// listing of the key and everything under it). Consul serves at most
+// http_max_conns_per_client (default 200) connections to one client, so a
+// replica keeps at most dedicatedBudget such per-key queries; keys beyond
+// that are watched through one shared query per parent prefix (for
+// "jobs/123", a listing of "jobs/"), which wakes only the subscribers whose
+// key changed. Shared queries pause sharedInterval between rounds to bound
+// the cost of re-listing a busy prefix.
+const (
+	dedicatedBudget = 64
+	sharedInterval  = 100 * time.Millisecond
+)
+
+// hub shares Consul blocking queries among the subscribers of each key.
 type hub struct {
 	store Store
 	log   *zap.Logger
 
-	mu      sync.Mutex
-	watches map[string]*keyWatch
-	wg      sync.WaitGroup
+	mu        sync.Mutex
+	dedicated map[string]*keyWatch // by key
+	shared    map[string]*keyWatch // by parent prefix
+	wg        sync.WaitGroup
 }
 
 func newHub(store Store, log *zap.Logger) *hub {
-	return &hub{store: store, log: log, watches: make(map[string]*keyWatch)}
+	return &hub{store: store, log: log, dedicated: make(map[string]*keyWatch), shared: make(map[string]*keyWatch)}
 }
 
-// keyWatch runs the blocking query of one key (a listing of the key and
-// everything under it) and publishes each new state.
+// keyWatch runs one blocking query (a listing of prefix) and publishes
+// each new listing to the subscribers whose keys it changed.
 type keyWatch struct {
 	h      *hub
-	key    string
+	prefix string
+	shared bool
 	cancel context.CancelFunc
 
 	mu      sync.Mutex
-	entries []*Entry
+	entries []*Entry // sorted by key
 	index   uint64
 	ready   bool
 	subs    map[*sub]struct{}
 	// terms remembers the fencing token of each grant this watch saw or
-	// this replica made, by session and lock index. Consul forgets the
-	// index of a granting write once the holder rewrites its value.
+	// this replica made, by key, session and lock index. Consul forgets
+	// the index of a granting write once the holder rewrites its value.
 	terms map[string]uint64
 	// delays caches the lock-delay of holder sessions, for waiters.
 	delays map[string]time.Duration
 }
 
-// sub is one subscriber of a keyWatch. It keeps only a wake-up signal and
-// a counter of the states it did not read, so a slow reader costs nothing.
+// sub is one subscriber of a key. It keeps only a wake-up signal and a
+// counter of the states it did not read, so a slow reader costs nothing.
 type sub struct {
 	kw      *keyWatch
+	key     string
 	wake    chan struct{}
-	mu      sync.Mutex
-	seen    uint64 // publications so far
-	read    uint64 // publications up to the last read
+	fp      fingerprint // of the key's entries at the last publication
+	seen    uint64      // publications of this key so far
+	read    uint64      // publications up to the last read
 	closeMu sync.Once
 }
+
+// fingerprint summarises a key's entries to tell whether they changed.
+type fingerprint struct{ n, max, sum uint64 }
 
 func termKey(key, session string, lockIndex uint64) string {
 	return key + "\x00" + session + "/" + strconv.FormatUint(lockIndex, 10)
 }
 
-// subscribe returns a subscription to key, starting its watch if needed.
+// parentPrefix is the prefix a key beyond the budget is watched through.
+func parentPrefix(key string) string {
+	if i := strings.LastIndexByte(key, '/'); i >= 0 {
+		return key[:i+1]
+	}
+	return ""
+}
+
+// subscribe returns a subscription to key, starting a watch if needed.
 func (h *hub) subscribe(key string) *sub {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	kw, ok := h.watches[key]
-	if !ok {
-		ctx, cancel := context.WithCancel(context.Background())
-		kw = &keyWatch{h: h, key: key, cancel: cancel, subs: make(map[*sub]struct{}), terms: make(map[string]uint64), delays: make(map[string]time.Duration)}
-		h.watches[key] = kw
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			kw.run(ctx)
-		}()
+	kw := h.dedicated[key]
+	if kw == nil && len(h.dedicated) >= dedicatedBudget {
+		p := parentPrefix(key)
+		if kw = h.shared[p]; kw == nil {
+			kw = h.start(p, true)
+			h.shared[p] = kw
+		}
 	}
-	s := &sub{kw: kw, wake: make(chan struct{}, 1)}
+	if kw == nil {
+		kw = h.start(key, false)
+		h.dedicated[key] = kw
+	}
+	s := &sub{kw: kw, key: key, wake: make(chan struct{}, 1)}
 	kw.mu.Lock()
 	kw.subs[s] = struct{}{}
 	if kw.ready {
+		s.fp = fingerprintOf(kw.entriesOf(key))
 		s.seen = 1
 		s.wake <- struct{}{}
 	}
@@ -85,10 +116,27 @@ func (h *hub) subscribe(key string) *sub {
 	return s
 }
 
-// terms returns the known token of key's grant to session at lockIndex.
+func (h *hub) start(prefix string, shared bool) *keyWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	kw := &keyWatch{
+		h: h, prefix: prefix, shared: shared, cancel: cancel,
+		subs: make(map[*sub]struct{}), terms: make(map[string]uint64), delays: make(map[string]time.Duration),
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		kw.run(ctx)
+	}()
+	return kw
+}
+
+// term returns the known token of key's grant to session at lockIndex.
 func (h *hub) term(key, session string, lockIndex uint64) (uint64, bool) {
 	h.mu.Lock()
-	kw := h.watches[key]
+	kw := h.dedicated[key]
+	if kw == nil {
+		kw = h.shared[parentPrefix(key)]
+	}
 	h.mu.Unlock()
 	if kw == nil {
 		return 0, false
@@ -99,7 +147,7 @@ func (h *hub) term(key, session string, lockIndex uint64) (uint64, bool) {
 	return t, ok
 }
 
-// close ends the subscription; the last one stops the key's watch.
+// close ends the subscription; the last one stops its watch.
 func (s *sub) close() {
 	s.closeMu.Do(func() {
 		h := s.kw.h
@@ -109,8 +157,15 @@ func (s *sub) close() {
 		delete(s.kw.subs, s)
 		empty := len(s.kw.subs) == 0
 		s.kw.mu.Unlock()
-		if empty && h.watches[s.kw.key] == s.kw {
-			delete(h.watches, s.kw.key)
+		if !empty {
+			return
+		}
+		m := h.dedicated
+		if s.kw.shared {
+			m = h.shared
+		}
+		if m[s.kw.prefix] == s.kw {
+			delete(m, s.kw.prefix)
 			s.kw.cancel()
 		}
 	})
@@ -124,8 +179,8 @@ func (s *sub) setTerm(seq *Sequencer) {
 }
 
 // holderDelay returns the lock-delay of a holder's session, read once per
-// watched key and shared by its waiters. ok is false when it cannot be
-// read (the session is already gone).
+// watch and shared by its waiters. ok is false when it cannot be read (the
+// session is already gone).
 func (s *sub) holderDelay(ctx context.Context, session string) (time.Duration, bool) {
 	s.kw.mu.Lock()
 	d, ok := s.kw.delays[session]
@@ -146,8 +201,8 @@ func (s *sub) holderDelay(ctx context.Context, session string) (time.Duration, b
 	return info.LockDelay, true
 }
 
-// state returns the newest state (nil before the first read) and how many
-// publications were skipped since the previous call.
+// state returns the key's newest state (nil before the first read) and
+// how many publications were skipped since the previous call.
 func (s *sub) state() (*State, uint64) {
 	kw := s.kw
 	kw.mu.Lock()
@@ -155,27 +210,60 @@ func (s *sub) state() (*State, uint64) {
 	if !kw.ready {
 		return nil, 0
 	}
-	s.mu.Lock()
 	skipped := uint64(0)
 	if s.seen > s.read+1 {
 		skipped = s.seen - s.read - 1
 	}
 	s.read = s.seen
-	s.mu.Unlock()
-	return kw.stateLocked(), skipped
+	st := deriveState(s.key, kw.entriesOf(s.key), kw.index)
+	kw.fillTerms(st)
+	return st, skipped
 }
 
-// entries returns the newest raw listing and its index.
+// listing returns the newest entries at and under the key, and the index.
 func (s *sub) listing() ([]*Entry, uint64, bool) {
 	s.kw.mu.Lock()
 	defer s.kw.mu.Unlock()
-	return s.kw.entries, s.kw.index, s.kw.ready
+	return s.kw.entriesOf(s.key), s.kw.index, s.kw.ready
 }
 
-func (kw *keyWatch) stateLocked() *State {
-	st := deriveState(kw.key, kw.entries, kw.index)
-	kw.fillTerms(st)
-	return st
+// fill sets the tokens of st's holders from this watch's terms.
+func (s *sub) fill(st *State) {
+	s.kw.mu.Lock()
+	s.kw.fillTerms(st)
+	s.kw.mu.Unlock()
+}
+
+// entriesOf returns the entries at key and under key/ (kw.entries is
+// sorted, so this is one binary search).
+func (kw *keyWatch) entriesOf(key string) []*Entry {
+	i := sort.Search(len(kw.entries), func(i int) bool { return kw.entries[i].Key >= key })
+	var out []*Entry
+	for ; i < len(kw.entries); i++ {
+		e := kw.entries[i]
+		if e.Key == key {
+			out = append(out, e)
+			continue
+		}
+		if !strings.HasPrefix(e.Key, key) {
+			break
+		}
+		if e.Key[len(key)] == '/' {
+			out = append(out, e)
+		}
+		// siblings such as key2 or key-x sort among key/...: skip them
+	}
+	return out
+}
+
+func fingerprintOf(entries []*Entry) fingerprint {
+	var fp fingerprint
+	for _, e := range entries {
+		fp.n++
+		fp.max = max(fp.max, e.ModifyIndex)
+		fp.sum += e.ModifyIndex
+	}
+	return fp
 }
 
 // fillTerms sets each holder's token from the remembered terms, learning
@@ -198,18 +286,23 @@ func (kw *keyWatch) fillTerms(st *State) {
 	}
 }
 
-// pruneTerms forgets the terms of grants that are no longer held.
-func (kw *keyWatch) pruneTerms(st *State) {
-	if len(kw.terms) <= 64 {
+// pruneTerms forgets terms (and lock-delays) of sessions that no longer
+// appear in the listing.
+func (kw *keyWatch) pruneTerms() {
+	if len(kw.terms) <= 4*len(kw.subs)+64 {
 		return
 	}
-	live := make(map[string]bool, len(st.Holders))
-	for _, h := range st.Holders {
-		live[termKey(st.Key, h.Session, h.LockIndex)] = true
+	live := make(map[string]bool)
+	for _, e := range kw.entries {
+		if e.Session != "" {
+			live[e.Session] = true
+		}
 	}
 	for k := range kw.terms {
-		if !live[k] {
-			delete(kw.terms, k)
+		if i := strings.IndexByte(k, 0); i >= 0 {
+			if sid, _, ok := strings.Cut(k[i+1:], "/"); ok && !live[sid] {
+				delete(kw.terms, k)
+			}
 		}
 	}
 }
@@ -218,16 +311,14 @@ func (kw *keyWatch) run(ctx context.Context) {
 	var index uint64
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
-		entries, next, err := kw.h.store.List(ctx, kw.key, index, false)
+		entries, next, err := kw.h.store.List(ctx, kw.prefix, index, false)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			kw.h.log.Debug("watch failed; retrying", zap.String("key", kw.key), zap.Error(err), zap.Duration("backoff", backoff))
-			select {
-			case <-ctx.Done():
+			kw.h.log.Debug("watch failed; retrying", zap.String("prefix", kw.prefix), zap.Error(err), zap.Duration("backoff", backoff))
+			if !sleep(ctx, backoff) {
 				return
-			case <-time.After(backoff):
 			}
 			backoff = min(backoff*2, 2*time.Second)
 			continue
@@ -240,11 +331,22 @@ func (kw *keyWatch) run(ctx context.Context) {
 		if next == index && kw.isReady() {
 			continue // wait time ran out without a change
 		}
-		index = next
-		if next == 0 {
-			index = 1
-		}
+		index = max(next, 1)
 		kw.publish(entries, next)
+		if kw.shared && !sleep(ctx, sharedInterval) {
+			return
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -254,17 +356,29 @@ func (kw *keyWatch) isReady() bool {
 	return kw.ready
 }
 
+// publish stores a new listing and wakes the subscribers whose key's
+// entries changed (all of them on the first listing).
 func (kw *keyWatch) publish(entries []*Entry, index uint64) {
+	if !sort.SliceIsSorted(entries, func(i, j int) bool { return entries[i].Key < entries[j].Key }) {
+		sort.Slice(entries, func(i, j int) bool { return entries[i].Key < entries[j].Key })
+	}
 	kw.mu.Lock()
 	defer kw.mu.Unlock()
-	kw.entries, kw.index, kw.ready = filterUnder(kw.key, entries), index, true
-	st := deriveState(kw.key, kw.entries, index)
-	kw.fillTerms(st)
-	kw.pruneTerms(st)
+	first := !kw.ready
+	kw.entries, kw.index, kw.ready = entries, index, true
+	kw.pruneTerms()
+	fps := make(map[string]fingerprint)
 	for s := range kw.subs {
-		s.mu.Lock()
+		fp, ok := fps[s.key]
+		if !ok {
+			fp = fingerprintOf(kw.entriesOf(s.key))
+			fps[s.key] = fp
+		}
+		if !first && fp == s.fp {
+			continue
+		}
+		s.fp = fp
 		s.seen++
-		s.mu.Unlock()
 		select {
 		case s.wake <- struct{}{}:
 		default:
@@ -272,24 +386,14 @@ func (kw *keyWatch) publish(entries []*Entry, index uint64) {
 	}
 }
 
-// filterUnder keeps the entries at key or under key/ (a listing of prefix
-// key also returns siblings such as key2).
-func filterUnder(key string, entries []*Entry) []*Entry {
-	out := entries[:0:0]
-	for _, e := range entries {
-		if e.Key == key || (len(e.Key) > len(key) && e.Key[:len(key)] == key && e.Key[len(key)] == '/') {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // close stops every watch and waits for them.
 func (h *hub) close() {
 	h.mu.Lock()
-	for k, kw := range h.watches {
-		kw.cancel()
-		delete(h.watches, k)
+	for _, m := range []map[string]*keyWatch{h.dedicated, h.shared} {
+		for k, kw := range m {
+			kw.cancel()
+			delete(m, k)
+		}
 	}
 	h.mu.Unlock()
 	h.wg.Wait()
