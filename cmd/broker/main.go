@@ -110,6 +110,11 @@ func run(args []string, stderr io.Writer) error {
 	defer stop()
 
 	consulCfg := api.DefaultConfig() // reads CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, ...
+	// Stay under Consul's http_max_conns_per_client (200): blocking
+	// queries are bounded by the broker's watch budget; the rest is for
+	// writes and renewals, reused through a large idle pool.
+	consulCfg.Transport.MaxConnsPerHost = 180
+	consulCfg.Transport.MaxIdleConnsPerHost = 180
 	var agentDone <-chan error
 	if c.dev {
 		p, err := startDevConsul(ctx, c, log)
