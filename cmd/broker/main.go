@@ -110,11 +110,6 @@ func run(args []string, stderr io.Writer) error {
 	defer stop()
 
 	consulCfg := api.DefaultConfig() // reads CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, ...
-	// Stay under Consul's http_max_conns_per_client (200): blocking
-	// queries are bounded by the broker's watch budget; the rest is for
-	// writes and renewals, reused through a large idle pool.
-	consulCfg.Transport.MaxConnsPerHost = 180
-	consulCfg.Transport.MaxIdleConnsPerHost = 180
 	var agentDone <-chan error
 	if c.dev {
 		p, err := startDevConsul(ctx, c, log)
@@ -129,7 +124,7 @@ func run(args []string, stderr io.Writer) error {
 		consulCfg.Address, consulCfg.Scheme, consulCfg.Token = p.HTTPAddr(), "http", ""
 		agentDone = p.Wait()
 	}
-	client, err := api.NewClient(consulCfg)
+	client, err := consulstore.NewClient(consulCfg)
 	if err != nil {
 		return fmt.Errorf("consul client: %w", err)
 	}

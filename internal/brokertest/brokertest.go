@@ -34,7 +34,13 @@ type Replica struct {
 func Start(t testing.TB, agent *consultest.Agent) *Replica {
 	t.Helper()
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	store := consulstore.New(agent.Client(), 0)
+	cfg := agent.Config()
+	cfg.Transport = nil // a transport of our own, with the broker's limits
+	client, err := consulstore.NewClient(cfg)
+	if err != nil {
+		t.Fatalf("consul client: %v", err)
+	}
+	store := consulstore.New(client, 0)
 	b := broker.New(store, log)
 	srv, err := server.New(b, store, log)
 	if err != nil {

@@ -27,6 +27,23 @@ type Store struct {
 	waitTime time.Duration
 }
 
+// MaxConns is how many connections the broker opens to its Consul agent:
+// below Consul's default http_max_conns_per_client (200). Blocking queries
+// are bounded by the broker's watch budget; the rest serve writes and
+// renewals, reused through an idle pool of the same size.
+const MaxConns = 180
+
+// NewClient returns a Consul client for cfg with the broker's connection
+// limits.
+func NewClient(cfg *api.Config) (*api.Client, error) {
+	if cfg.Transport == nil {
+		cfg.Transport = api.DefaultConfig().Transport
+	}
+	cfg.Transport.MaxConnsPerHost = MaxConns
+	cfg.Transport.MaxIdleConnsPerHost = MaxConns
+	return api.NewClient(cfg)
+}
+
 // New returns a Store on client. Blocking queries wait at most waitTime
 // each (0: 5 minutes, Consul's maximum).
 func New(client *api.Client, waitTime time.Duration) *Store {
