@@ -84,7 +84,7 @@ test-node: consul broker deps-node
 # Benchmarks and the scale run (10,000 holds, 1,000 watchers on one
 # replica): they print figures and assert none.
 bench: consul
-	$(GO) test -run 'TestScale' -bench . -benchtime 200x -count 1 -timeout 30m -v ./test/bench/ -args -scale \
+	set -o pipefail; $(GO) test -run 'TestScale' -bench . -benchtime 200x -count 1 -timeout 30m -v ./test/bench/ -args -scale \
 		| grep -E '^(Benchmark|SCALE|goos|cpu|ok|FAIL|---)|scale_test.go'
 
 ## Running it -------------------------------------------------------------
