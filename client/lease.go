@@ -68,7 +68,11 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 	stop := context.AfterFunc(ctx, cancel) // ctx bounds only the wait
 	stream, err := c.locks[i].Acquire(sctx, req)
 	if err != nil {
+		stop()
 		cancel()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, err
 	}
 	for {

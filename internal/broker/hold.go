@@ -124,7 +124,7 @@ func (h *hold) guaranteed() time.Duration {
 	if h.ren == nil {
 		return 0
 	}
-	return max(time.Until(h.ren.deadline), 0)
+	return max(time.Until(h.ren.safeUntil()), 0)
 }
 
 // obtain waits for the grant (or checks a resumed one).
@@ -164,13 +164,16 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		freedAt     time.Time
 		races       int
 	)
+	fresh := false // st comes from a consistent read made just now
 	for {
 		seq, err := h.attempt(ctx, st)
 		var delayLeft time.Duration
 		switch {
 		case seq != nil:
 			return seq, nil
-		case errors.Is(err, errRace):
+		case errors.Is(err, errNoContender) && fresh:
+			return nil, fmt.Errorf("%w: this request's contender entry %q was removed while it waited", ErrAborted, contenderKey(h.spec.Key, h.session))
+		case errors.Is(err, errRace), errors.Is(err, errNoContender):
 			races++
 			if races > 1000 {
 				return nil, fmt.Errorf("%w: too many races on %q", ErrAborted, h.spec.Key)
@@ -179,6 +182,7 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 			if err != nil {
 				return nil, err
 			}
+			fresh = true
 			continue
 		case errors.Is(err, errLockDelay):
 			delayLeft = 200 * time.Millisecond // unknown: poll
@@ -224,8 +228,10 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		case err := <-failed:
 			return nil, fmt.Errorf("%w: the session was lost while waiting: %v", ErrAborted, err)
 		case <-delayTimer:
+			fresh = false
 		case <-h.sub.wake:
 			next, _ := h.sub.state()
+			fresh = false
 			if next != nil {
 				if st != nil && len(st.Holders) > 0 && len(next.Holders) == 0 {
 					lastHolders, freedAt = st.Holders, time.Now()
@@ -264,7 +270,7 @@ func (h *hold) keep(ctx context.Context, seq *Sequencer) error {
 	)
 	if h.ren != nil {
 		renewed, failed = h.ren.renewed, h.ren.failed
-		deadline = time.After(time.Until(h.ren.deadline))
+		deadline = time.After(time.Until(h.ren.safeUntil()))
 	}
 	lost := func(r LostReason, detail string) error {
 		h.b.log.Info("hold lost", zap.String("key", seq.Key), zap.String("session", seq.Session), zap.Int("reason", int(r)), zap.String("detail", detail))
@@ -303,9 +309,7 @@ func (h *hold) keep(ctx context.Context, seq *Sequencer) error {
 		case <-deadline:
 			return lost(LostRenewalFailed, fmt.Sprintf("no session renewal succeeded within the TTL (%s) less the safety margin; giving the hold up before Consul may grant it to another", h.ttl))
 		case <-h.handle.released:
-			err := h.send(Event{Kind: EventReleased, Sequencer: *seq})
-			h.finish(ctx, false)
-			return err
+			return h.released(ctx, seq)
 		case <-h.sub.wake:
 			st, _ := h.sub.state()
 			if st == nil || st.Index < seq.Token {
@@ -319,9 +323,7 @@ func (h *hold) keep(ctx context.Context, seq *Sequencer) error {
 				continue
 			}
 			if h.releasedByAPI(ctx, seq) {
-				err := h.send(Event{Kind: EventReleased, Sequencer: *seq})
-				h.finish(ctx, false)
-				return err
+				return h.released(ctx, seq)
 			}
 			if reason != LostLimitConflict {
 				if _, err := h.b.store.Session(ctx, seq.Session); errors.Is(err, ErrSessionNotFound) {
@@ -331,6 +333,17 @@ func (h *hold) keep(ctx context.Context, seq *Sequencer) error {
 			return lost(reason, detail)
 		}
 	}
+}
+
+// released ends a hold that Release ended: it removes the release
+// marker, tells the client, and cleans up.
+func (h *hold) released(ctx context.Context, seq *Sequencer) error {
+	cctx, cancel := cleanupContext()
+	h.b.takeMarker(cctx, seq.Key, seq.Session)
+	cancel()
+	err := h.send(Event{Kind: EventReleased, Sequencer: *seq})
+	h.finish(ctx, false)
+	return err
 }
 
 // lossIn says whether st shows the hold lost.
@@ -348,6 +361,11 @@ func (h *hold) lossIn(st *State, seq *Sequencer) (bool, LostReason, string) {
 // releasedByAPI reports whether the change that ended the hold was a
 // Release call (on this replica or another).
 func (h *hold) releasedByAPI(ctx context.Context, seq *Sequencer) bool {
+	select {
+	case <-h.handle.released:
+		return true
+	default:
+	}
 	h.handle.mu.Lock()
 	releasing := h.handle.releasing
 	h.handle.mu.Unlock()
@@ -367,13 +385,15 @@ func (h *hold) releasedByAPI(ctx context.Context, seq *Sequencer) bool {
 func (h *hold) abandon() {
 	ctx, cancel := cleanupContext()
 	defer cancel()
+	// Destroy first: a contender write that the cancelled request left in
+	// flight fails once the session is gone, so the removal below is final.
+	if h.owned && h.spec.Resume == nil {
+		h.destroy(ctx)
+	}
 	if h.sem && h.session != "" {
 		if _, err := h.b.leaveSemaphore(ctx, h.spec.Key, h.session, nil); err != nil {
 			h.b.log.Warn("cannot remove contender entry", zap.String("key", h.spec.Key), zap.Error(err))
 		}
-	}
-	if h.owned && h.spec.Resume == nil {
-		h.destroy(ctx)
 	}
 }
 

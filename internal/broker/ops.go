@@ -132,7 +132,7 @@ func (b *Broker) release(ctx context.Context, key, session string) (bool, error)
 		marker := Op{Verb: OpSet, Key: markerKey(key, session), Value: []byte(key)}
 		switch st.Kind {
 		case KindSemaphore:
-			if _, ok := st.contenders[session]; !ok {
+			if _, ok := st.holder(session); !ok {
 				return false, fmt.Errorf("%w: session %s holds no slot of semaphore %q", ErrNotHolder, session, key)
 			}
 			return b.leaveSemaphore(ctx, key, session, []Op{marker})

@@ -10,6 +10,9 @@ import (
 
 func contenderKey(prefix, session string) string { return prefix + "/" + session }
 
+// errNoContender: the state does not show this session's contender entry.
+var errNoContender = errors.New("contender entry missing")
+
 // enterSemaphore writes this session's contender entry under prefix.
 func (b *Broker) enterSemaphore(ctx context.Context, prefix, session string, value []byte) error {
 	_, err := b.store.Txn(ctx, []Op{{Verb: OpLock, Key: contenderKey(prefix, session), Value: value, Flags: SemaphoreFlagValue, Session: session}})
@@ -46,7 +49,7 @@ func (b *Broker) trySemaphore(ctx context.Context, prefix string, limit uint32, 
 	}
 	me, ok := st.contenders[session]
 	if !ok {
-		return nil, errRace // our contender entry is not in this state yet
+		return nil, errNoContender // not in this state yet, or removed
 	}
 	holders := map[string]bool{}
 	for _, h := range st.Holders { // already pruned to live contenders

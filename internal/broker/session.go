@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -80,9 +81,11 @@ func safetyMargin(ttl time.Duration) time.Duration {
 // is safe: the send time of the last successful renewal plus the TTL, less
 // the safety margin.
 type renewer struct {
-	store    Store
-	id       string
-	ttl      time.Duration
+	store Store
+	id    string
+	ttl   time.Duration
+
+	mu       sync.Mutex
 	deadline time.Time
 	// renewed receives each new deadline; failed receives the final error
 	// (ErrSessionNotFound or errRenewalFailed) once.
@@ -101,6 +104,13 @@ func newRenewer(store Store, id string, ttl time.Duration, start time.Time) *ren
 	}
 }
 
+// safeUntil is when the hold stops being safe without another renewal.
+func (r *renewer) safeUntil() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.deadline
+}
+
 // run renews every TTL/3 until ctx ends or the session is lost.
 func (r *renewer) run(ctx context.Context) {
 	interval := r.ttl / 3
@@ -113,17 +123,20 @@ func (r *renewer) run(ctx context.Context) {
 		case <-timer.C:
 		}
 		sent := time.Now()
-		rctx, cancel := context.WithDeadline(ctx, r.deadline)
+		rctx, cancel := context.WithDeadline(ctx, r.safeUntil())
 		_, err := r.store.RenewSession(rctx, r.id)
 		cancel()
 		switch {
 		case err == nil:
-			r.deadline = sent.Add(r.ttl - safetyMargin(r.ttl))
+			d := sent.Add(r.ttl - safetyMargin(r.ttl))
+			r.mu.Lock()
+			r.deadline = d
+			r.mu.Unlock()
 			select {
 			case <-r.renewed: // keep only the newest deadline
 			default:
 			}
-			r.renewed <- r.deadline
+			r.renewed <- d
 			timer.Reset(interval)
 		case errors.Is(err, ErrSessionNotFound):
 			r.failed <- err
@@ -131,7 +144,7 @@ func (r *renewer) run(ctx context.Context) {
 		case ctx.Err() != nil:
 			return
 		default:
-			left := time.Until(r.deadline)
+			left := time.Until(r.safeUntil())
 			if left <= 0 {
 				r.failed <- fmt.Errorf("%w: last error: %v", errRenewalFailed, err)
 				return

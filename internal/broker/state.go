@@ -70,14 +70,16 @@ func deriveState(key string, entries []*Entry, index uint64) *State {
 			children[e.Key[len(key)+1:]] = e
 		}
 	}
+	// Live semaphore contenders: entries <key>/<session> held by that
+	// session (present before the first holder creates `.lock`).
+	st.contenders = make(map[string]*Entry)
+	for name, e := range children {
+		if e.Flags == SemaphoreFlagValue && e.Session == name {
+			st.contenders[name] = e
+		}
+	}
 	if st.semLock != nil && st.semLock.Flags == SemaphoreFlagValue {
 		st.Kind = KindSemaphore
-		st.contenders = make(map[string]*Entry)
-		for name, e := range children {
-			if e.Flags == SemaphoreFlagValue && e.Session == name {
-				st.contenders[name] = e
-			}
-		}
 		var body semBody
 		if err := json.Unmarshal(st.semLock.Value, &body); err != nil {
 			st.semErr = fmt.Errorf("%w: semaphore %q has a malformed .lock body: %v", ErrConflict, key, err)
