@@ -33,8 +33,11 @@ bin/consul: tools/consul/go.mod tools/consul/go.sum
 
 deps: deps-npm deps-deb deps-node
 
+# `npm install` (from the committed lock file) rather than `npm ci`: the
+# registry here lacks buf's optional packages for other platforms, which
+# `npm ci` insists on.
 node_modules/.package-lock.json: package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
+	npm install --no-audit --no-fund --loglevel=error
 deps-npm: node_modules/.package-lock.json
 
 deps-deb:
@@ -78,7 +81,7 @@ test-go: consul
 test-python: consul broker deps-deb
 	PYTHONPATH=gen/python $(PYTHON) -m pytest -q test/python
 
-test-node: consul broker deps-node
+test-node: consul broker deps-npm deps-node
 	node --test test/node/
 
 # Benchmarks and the scale run (10,000 holds, 1,000 watchers on one
