@@ -17,11 +17,12 @@ all: broker lockctl
 
 ## Binaries ---------------------------------------------------------------
 
+# The same commands as the Dockerfile's build stage.
 broker:
-	$(GO) build -o bin/broker ./cmd/broker
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/broker ./cmd/broker
 
 lockctl:
-	$(GO) build -o bin/lockctl ./cmd/lockctl
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/lockctl ./cmd/lockctl
 
 # Consul v1.20.6, built from the Go module proxy (first build ~8 min).
 consul: bin/consul

@@ -120,11 +120,20 @@ func (l *Lease) Err() error {
 func (l *Lease) Sequencer() *lockbrokerv1.Sequencer { return proto.CloneOf(l.seq) }
 
 // Deadline is how long the lease is guaranteed if no broker is heard from.
+// Lost is closed before it (see giveUpAt) when no broker can be reached.
 func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.deadline
 }
+
+// clientMargin is how long before Deadline the client gives a lease up
+// when it cannot hear from any broker, so that Lost is closed while the
+// lease is still guaranteed.
+const clientMargin = 250 * time.Millisecond
+
+// giveUpAt is when the lease is reported lost without broker contact.
+func (l *Lease) giveUpAt() time.Time { return l.Deadline().Add(-clientMargin) }
 
 // SetValue changes the holder's value; the sequencer stays the same.
 func (l *Lease) SetValue(ctx context.Context, value []byte) error {
@@ -216,7 +225,7 @@ func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
 		}
 	}()
 	for {
-		timer := time.NewTimer(time.Until(l.Deadline()))
+		timer := time.NewTimer(time.Until(l.giveUpAt()))
 		select {
 		case <-timer.C:
 			return &LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Detail: "no keepalive from the broker before the guaranteed deadline"}
@@ -250,7 +259,7 @@ func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
 func (l *Lease) resume() lockbrokerv1.LockService_AcquireClient {
 	n := len(l.c.locks)
 	for attempt := 1; ; attempt++ {
-		if time.Until(l.Deadline()) <= 0 {
+		if time.Until(l.giveUpAt()) <= 0 {
 			l.end(&LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Detail: "no broker replica could resume the hold before its guaranteed deadline"})
 			return nil
 		}
@@ -265,13 +274,13 @@ func (l *Lease) resume() lockbrokerv1.LockService_AcquireClient {
 			return stream
 		}
 		switch status.Code(err) {
-		case codes.FailedPrecondition, codes.NotFound, codes.InvalidArgument:
+		case codes.FailedPrecondition, codes.NotFound, codes.InvalidArgument, codes.Canceled:
 			l.end(&LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_SESSION_INVALIDATED, Detail: "resume refused: " + status.Convert(err).Message()})
 			return nil
 		}
 		if attempt%n == 0 {
 			select {
-			case <-time.After(min(200*time.Millisecond, max(time.Until(l.Deadline()), 0))):
+			case <-time.After(min(200*time.Millisecond, max(time.Until(l.giveUpAt()), 0))):
 			case <-l.lost:
 				return nil
 			}
@@ -288,7 +297,7 @@ func (l *Lease) tryResume(i int, req *lockbrokerv1.AcquireRequest) (lockbrokerv1
 		cancel()
 		return nil, err
 	}
-	t := time.AfterFunc(time.Until(l.Deadline()), cancel)
+	t := time.AfterFunc(time.Until(l.giveUpAt()), cancel)
 	resp, err := stream.Recv()
 	if !t.Stop() || err != nil {
 		cancel()

@@ -24,8 +24,9 @@ func WithPrefix() WatchOption { return func(r *lockbrokerv1.WatchRequest) { r.Pr
 type Watcher struct {
 	// C receives the key's state now, then after every change, until the
 	// watch ends; it is then closed and Err says why. A reader that falls
-	// behind is sent the newest state with the count of the states it
-	// missed in Skipped: it never sees a state older than one it has read.
+	// behind gets the newest state, with Skipped counting the states the
+	// broker dropped for it (gRPC first buffers up to ~128 KiB of states
+	// per stream, which such a reader still reads).
 	C <-chan *lockbrokerv1.WatchResponse
 
 	done chan struct{}

@@ -18,6 +18,7 @@ type hold struct {
 
 	session string
 	owned   bool // the broker renews and destroys the session
+	del     bool // the session has DELETE behavior: ending the hold deletes the key
 	ttl     time.Duration
 	start   time.Time // when the session was created or last renewed
 	sem     bool
@@ -94,7 +95,7 @@ func (h *hold) openSession(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		h.session, h.owned, h.ttl = info.ID, true, info.TTL
+		h.session, h.owned, h.ttl, h.del = info.ID, true, info.TTL, info.Delete
 		if h.ttl <= 0 {
 			return fmt.Errorf("%w: session %s has no TTL; only broker-owned sessions can be resumed", ErrInvalid, info.ID)
 		}
@@ -103,7 +104,7 @@ func (h *hold) openSession(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		h.session, h.ttl = info.ID, info.TTL
+		h.session, h.ttl, h.del = info.ID, info.TTL, info.Delete
 	default:
 		spec := withDefaults(s.NewSession)
 		if err := validateSpec(spec); err != nil {
@@ -114,7 +115,7 @@ func (h *hold) openSession(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		h.session, h.owned, h.ttl = id, true, spec.TTL
+		h.session, h.owned, h.ttl, h.del = id, true, spec.TTL, spec.Delete
 	}
 	return nil
 }
@@ -186,12 +187,16 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 			continue
 		case errors.Is(err, errLockDelay):
 			delayLeft = 200 * time.Millisecond // unknown: poll
+			known := false
 			for _, prev := range lastHolders {
 				if d, ok := delays[prev.Session]; ok && !freedAt.IsZero() {
-					delayLeft = max(time.Until(freedAt.Add(d)), 10*time.Millisecond)
+					delayLeft, known = max(time.Until(freedAt.Add(d)), 10*time.Millisecond), true
 				}
 			}
 			if h.tryOnce() {
+				if !known {
+					return nil, fmt.Errorf("%w: key %q is in Consul's lock-delay (its end is unknown to this broker)", ErrBusy, h.spec.Key)
+				}
 				return nil, fmt.Errorf("%w: key %q is in Consul's lock-delay for about %s more", ErrBusy, h.spec.Key, delayLeft.Round(time.Millisecond))
 			}
 		case err != nil:
@@ -199,12 +204,8 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		case h.tryOnce():
 			return nil, holdersError(ErrBusy, st)
 		}
-		if st != nil && (queued == nil || !sameHolders(st, queued) || delayLeft > 0) {
-			queued = st
-			if err := h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: h.session}); err != nil {
-				return nil, err
-			}
-		}
+		// Learn the holders' lock-delay before telling the client it waits:
+		// once a holder's session is gone it can no longer be read.
 		if st != nil && !h.sem {
 			for _, hd := range st.Holders {
 				if _, ok := delays[hd.Session]; !ok {
@@ -212,6 +213,12 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 						delays[hd.Session] = d
 					}
 				}
+			}
+		}
+		if st != nil && (queued == nil || !sameHolders(st, queued) || delayLeft > 0) {
+			queued = st
+			if err := h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: h.session}); err != nil {
+				return nil, err
 			}
 		}
 		var delayTimer <-chan time.Time
@@ -411,7 +418,7 @@ func (h *hold) finish(_ context.Context, keepSession bool) {
 		if _, err := h.b.leaveSemaphore(ctx, h.spec.Key, h.session, nil); err != nil {
 			h.b.log.Warn("cannot leave semaphore", zap.String("key", h.spec.Key), zap.Error(err))
 		}
-	} else if _, err := h.b.store.Txn(ctx, unlockOps(h.spec.Key, h.session, h.value)); err != nil {
+	} else if _, err := h.b.store.Txn(ctx, unlockOps(h.spec.Key, h.session, h.value, h.del)); err != nil {
 		var te *TxnError
 		if !errors.As(err, &te) { // a rolled-back unlock means it was no longer ours
 			h.b.log.Warn("cannot release lock", zap.String("key", h.spec.Key), zap.Error(err))

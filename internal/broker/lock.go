@@ -81,9 +81,16 @@ func lockLoss(st *State, seq *Sequencer) (lost bool, gone bool, detail string) {
 	return false, false, ""
 }
 
-// unlockOps releases the lock at key held by session and leaves a release
-// marker for a hold on another replica.
-func unlockOps(key, session string, value []byte) []Op {
+// unlockOps releases the lock at key held by session. With del (a session
+// with DELETE behavior) the key is deleted instead, as Consul would do when
+// the session ends; neither triggers a lock-delay.
+func unlockOps(key, session string, value []byte, del bool) []Op {
+	if del {
+		return []Op{
+			{Verb: OpCheckSession, Key: key, Session: session},
+			{Verb: OpDelete, Key: key},
+		}
+	}
 	return []Op{
 		{Verb: OpCheckSession, Key: key, Session: session},
 		{Verb: OpUnlock, Key: key, Value: value, Flags: LockFlagValue, Session: session},

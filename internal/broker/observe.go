@@ -11,8 +11,32 @@ import "context"
 func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(st *State, skipped uint64) error) error {
 	s := b.hub.subscribe(key)
 	defer s.close()
+	// The first state is a consistent read, so that it is never older than
+	// a grant the caller already saw; shared states older than it are
+	// skipped.
+	entries, idx, err := b.store.List(ctx, key, 0, true)
+	if err != nil {
+		return err
+	}
+	entries = filterUnder(key, entries)
+	floor := idx
 	var last *State
 	lastSub := map[string]*State{}
+	if !prefix {
+		last = deriveState(key, entries, idx)
+		s.fill(last)
+		if err := send(last, 0); err != nil {
+			return err
+		}
+	} else {
+		for k, st := range subStates(key, entries, idx) {
+			s.fill(st)
+			lastSub[k] = st
+			if err := send(st, 0); err != nil {
+				return err
+			}
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -23,7 +47,7 @@ func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(s
 		}
 		if !prefix {
 			st, skipped := s.state()
-			if st == nil || (last != nil && sameHolders(st, last)) {
+			if st == nil || st.Index < last.Index || sameHolders(st, last) {
 				continue
 			}
 			last = st
@@ -34,7 +58,7 @@ func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(s
 		}
 		entries, idx, ok := s.listing()
 		_, skipped := s.state()
-		if !ok {
+		if !ok || idx < floor {
 			continue
 		}
 		now := subStates(key, entries, idx)
@@ -60,3 +84,4 @@ func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(s
 		}
 	}
 }
+

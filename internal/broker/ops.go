@@ -13,7 +13,7 @@ import (
 // when no stream takes it within markerWait) deletes it.
 const markerPrefix = "lockbroker/released/"
 
-const markerWait = time.Second
+const markerWait = 500 * time.Millisecond
 
 func markerKey(key, session string) string { return markerPrefix + session + "/" + key }
 
@@ -96,7 +96,8 @@ func (b *Broker) CheckSequencer(ctx context.Context, seq Sequencer) (bool, *Stat
 // (idempotent), ErrSessionNotFound for an unknown session, and ErrNotHolder
 // when the session holds nothing there.
 func (b *Broker) Release(ctx context.Context, key, session string) (bool, error) {
-	if _, err := b.store.Session(ctx, session); err != nil {
+	info, err := b.store.Session(ctx, session)
+	if err != nil {
 		return false, err
 	}
 	h := b.lookup(key, session)
@@ -105,7 +106,7 @@ func (b *Broker) Release(ctx context.Context, key, session string) (bool, error)
 		h.releasing = true
 		h.mu.Unlock()
 	}
-	released, err := b.release(ctx, key, session)
+	released, err := b.release(ctx, key, session, info.Delete)
 	if h != nil {
 		h.mu.Lock()
 		if released {
@@ -123,7 +124,7 @@ func (b *Broker) Release(ctx context.Context, key, session string) (bool, error)
 	return true, nil
 }
 
-func (b *Broker) release(ctx context.Context, key, session string) (bool, error) {
+func (b *Broker) release(ctx context.Context, key, session string, del bool) (bool, error) {
 	for range 50 {
 		st, err := b.readState(ctx, key)
 		if err != nil {
@@ -138,10 +139,13 @@ func (b *Broker) release(ctx context.Context, key, session string) (bool, error)
 			return b.leaveSemaphore(ctx, key, session, []Op{marker})
 		case KindLock:
 			hd, ok := st.holder(session)
-			if !ok {
-				return false, fmt.Errorf("%w: session %s does not hold %q", ErrNotHolder, session, key)
+			if !ok && len(st.Holders) == 0 {
+				return false, nil // already released: Release is idempotent
 			}
-			ops := append(unlockOps(key, session, hd.Value), marker)
+			if !ok {
+				return false, fmt.Errorf("%w: session %s does not hold %q (session %s does)", ErrNotHolder, session, key, st.Holders[0].Session)
+			}
+			ops := append(unlockOps(key, session, hd.Value, del), marker)
 			_, err := b.store.Txn(ctx, ops)
 			var te *TxnError
 			if errors.As(err, &te) {

@@ -147,27 +147,15 @@ func (h *hub) term(key, session string, lockIndex uint64) (uint64, bool) {
 	return t, ok
 }
 
-// close ends the subscription; the last one stops its watch.
+// close ends the subscription.
 func (s *sub) close() {
 	s.closeMu.Do(func() {
 		h := s.kw.h
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		s.kw.mu.Lock()
-		delete(s.kw.subs, s)
-		empty := len(s.kw.subs) == 0
+		delete(s.kw.subs, s) // an idle watch ends itself (see retire)
 		s.kw.mu.Unlock()
-		if !empty {
-			return
-		}
-		m := h.dedicated
-		if s.kw.shared {
-			m = h.shared
-		}
-		if m[s.kw.prefix] == s.kw {
-			delete(m, s.kw.prefix)
-			s.kw.cancel()
-		}
 	})
 }
 
@@ -307,10 +295,41 @@ func (kw *keyWatch) pruneTerms() {
 	}
 }
 
+// retire removes the watch from the hub if it has no subscribers. A watch
+// is never cancelled while its query is open: Consul keeps serving a
+// blocking query whose client went away until the query's wait time runs
+// out, and the connection counts against http_max_conns_per_client all
+// that time. An idle watch instead lingers until its query returns (at
+// most the store's wait time), still counted in the budget and reused if
+// its key is wanted again.
+func (kw *keyWatch) retire() bool {
+	h := kw.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	kw.mu.Lock()
+	idle := len(kw.subs) == 0
+	kw.mu.Unlock()
+	if !idle {
+		return false
+	}
+	m := h.dedicated
+	if kw.shared {
+		m = h.shared
+	}
+	if m[kw.prefix] == kw {
+		delete(m, kw.prefix)
+	}
+	return true
+}
+
 func (kw *keyWatch) run(ctx context.Context) {
+	defer kw.cancel()
 	var index uint64
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
+		if index > 0 && kw.retire() {
+			return
+		}
 		entries, next, err := kw.h.store.List(ctx, kw.prefix, index, false)
 		if err != nil {
 			if ctx.Err() != nil {

@@ -30,9 +30,22 @@ type Replica struct {
 	conns  []*grpc.ClientConn
 }
 
+// Option configures an in-process replica.
+type Option func(*options)
+
+type options struct{ waitTime time.Duration }
+
+// WithWaitTime bounds each Consul blocking query (default
+// consulstore.DefaultWaitTime); an idle watch lingers that long.
+func WithWaitTime(d time.Duration) Option { return func(o *options) { o.waitTime = d } }
+
 // Start runs a broker replica against agent until the test ends.
-func Start(t testing.TB, agent *consultest.Agent) *Replica {
+func Start(t testing.TB, agent *consultest.Agent, opts ...Option) *Replica {
 	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	cfg := agent.Config()
 	cfg.Transport = nil // a transport of our own, with the broker's limits
@@ -40,7 +53,7 @@ func Start(t testing.TB, agent *consultest.Agent) *Replica {
 	if err != nil {
 		t.Fatalf("consul client: %v", err)
 	}
-	store := consulstore.New(client, 0)
+	store := consulstore.New(client, o.waitTime)
 	b := broker.New(store, log)
 	srv, err := server.New(b, store, log)
 	if err != nil {

@@ -44,11 +44,17 @@ func NewClient(cfg *api.Config) (*api.Client, error) {
 	return api.NewClient(cfg)
 }
 
+// DefaultWaitTime bounds each blocking query. A watch nobody needs any
+// more lingers until its query returns (Consul keeps serving an abandoned
+// query, and its connection, until then), so this is also how long an
+// idle watch holds a connection.
+const DefaultWaitTime = 30 * time.Second
+
 // New returns a Store on client. Blocking queries wait at most waitTime
-// each (0: 5 minutes, Consul's maximum).
+// each (0: DefaultWaitTime).
 func New(client *api.Client, waitTime time.Duration) *Store {
 	if waitTime <= 0 {
-		waitTime = 5 * time.Minute
+		waitTime = DefaultWaitTime
 	}
 	return &Store{c: client, waitTime: waitTime}
 }
@@ -71,7 +77,9 @@ func (s *Store) Healthy(ctx context.Context) error {
 	return nil
 }
 
-// CreateSession implements broker.Store.
+// CreateSession implements broker.Store. It writes the create body itself:
+// api.Session.Create leaves out a zero lock-delay and an empty check list,
+// and Consul then applies its defaults (15s, serfHealth).
 func (s *Store) CreateSession(ctx context.Context, spec broker.SessionSpec) (string, error) {
 	behavior := api.SessionBehaviorRelease
 	if spec.Delete {
@@ -81,19 +89,19 @@ func (s *Store) CreateSession(ctx context.Context, spec broker.SessionSpec) (str
 	if checks == nil {
 		checks = []string{} // no serfHealth default: the TTL alone decides
 	}
-	e := &api.SessionEntry{
-		Name:       spec.Name,
-		TTL:        spec.TTL.String(),
-		LockDelay:  spec.LockDelay,
-		Behavior:   behavior,
-		NodeChecks: checks,
-		Checks:     []string{},
+	body := map[string]any{
+		"Name":       spec.Name,
+		"TTL":        spec.TTL.String(),
+		"LockDelay":  fmt.Sprintf("%dms", spec.LockDelay.Milliseconds()),
+		"Behavior":   behavior,
+		"NodeChecks": checks,
+		"Checks":     []string{},
 	}
-	id, _, err := s.c.Session().Create(e, (&api.WriteOptions{}).WithContext(ctx))
-	if err != nil {
+	var out struct{ ID string }
+	if _, err := s.c.Raw().Write("/v1/session/create", body, &out, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
 		return "", wrap(err)
 	}
-	return id, nil
+	return out.ID, nil
 }
 
 // RenewSession implements broker.Store.
@@ -231,6 +239,7 @@ func wrap(err error) error {
 	msg := err.Error()
 	if errors.As(err, &ne) || errors.As(err, &ue) ||
 		strings.Contains(msg, "No cluster leader") || strings.Contains(msg, "Unexpected response code: 5") ||
+		strings.Contains(msg, "Unexpected response code: 429") || strings.Contains(msg, "429 Too Many Requests") ||
 		strings.Contains(msg, "connection refused") || strings.Contains(msg, "EOF") {
 		return fmt.Errorf("%w: %s", broker.ErrUnavailable, redact(msg))
 	}

@@ -339,7 +339,8 @@ type Holder struct {
 	Token uint64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
 	// Consul's LockIndex for this holder (see Sequencer.lock_index).
 	LockIndex uint64 `protobuf:"varint,4,opt,name=lock_index,json=lockIndex,proto3" json:"lock_index,omitempty"`
-	// The session's name in Consul, when the broker could read it.
+	// The session's name in Consul. This version of the broker does not read
+	// it and leaves it empty (use SessionService.GetSession).
 	SessionName   string `protobuf:"bytes,5,opt,name=session_name,json=sessionName,proto3" json:"session_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

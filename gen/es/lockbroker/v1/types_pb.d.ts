@@ -166,7 +166,8 @@ export declare type Holder = Message<"lockbroker.v1.Holder"> & {
   lockIndex: bigint;
 
   /**
-   * The session's name in Consul, when the broker could read it.
+   * The session's name in Consul. This version of the broker does not read
+   * it and leaves it empty (use SessionService.GetSession).
    *
    * @generated from field: string session_name = 5;
    */

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+)
+
+// dial connects to the first broker, in the order given, that answers a
+// gRPC health check with SERVING within --connect-timeout. A broker that
+// answers but is not serving (shutting down, Consul unreachable) is used
+// only if no later one is serving. When none answers, the error is
+// UNAVAILABLE and names every address tried.
+func (c *cli) dial(ctx context.Context) (*grpc.ClientConn, error) {
+	var (
+		fallback *grpc.ClientConn
+		failures []string
+	)
+	for _, addr := range c.brokerAddrs() {
+		conn, serving, err := c.probe(ctx, addr)
+		switch {
+		case err != nil:
+			failures = append(failures, fmt.Sprintf("%s: %v", addr, err))
+		case serving:
+			if fallback != nil {
+				fallback.Close()
+			}
+			return conn, nil
+		case fallback == nil:
+			fallback = conn
+		default:
+			conn.Close()
+		}
+	}
+	if fallback != nil {
+		return fallback, nil
+	}
+	return nil, status.Errorf(codes.Unavailable, "no broker reachable: %s", strings.Join(failures, "; "))
+}
+
+// probe opens a connection to addr and asks the standard health service
+// for the server's overall status. A server without the health service
+// counts as serving. The connection is returned open unless err is set.
+func (c *cli) probe(ctx context.Context, addr string) (conn *grpc.ClientConn, serving bool, err error) {
+	conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, false, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.connectTimeout)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	switch status.Code(err) {
+	case codes.OK:
+		return conn, resp.GetStatus() == healthpb.HealthCheckResponse_SERVING, nil
+	case codes.Unimplemented:
+		return conn, true, nil
+	case codes.DeadlineExceeded:
+		conn.Close()
+		return nil, false, fmt.Errorf("no answer within %v", c.connectTimeout)
+	case codes.Unavailable, codes.Canceled:
+		conn.Close()
+		return nil, false, fmt.Errorf("%s", status.Convert(err).Message())
+	default:
+		return conn, false, nil
+	}
+}

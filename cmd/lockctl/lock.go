@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// lockHelp is the description in `lockctl lock --help`.
+const lockHelp = `Run CMD while holding a lock on KEY (or, with -n N, one of N semaphore
+slots under the prefix KEY), through LockService.Acquire. The broker creates
+and renews the session while lockctl runs, and releases it when lockctl
+exits, whatever happens to CMD.
+
+CMD runs in its own process group, as with 'consul lock' (so that it and
+everything it starts can be stopped together; it cannot read from a
+terminal), with lockctl's standard streams and these variables added to
+its environment (pass the token to the resources you protect, which should
+refuse tokens lower than the highest they have seen):
+  LOCKBROKER_KEY          the key
+  LOCKBROKER_SESSION      the Consul session holding it
+  LOCKBROKER_TOKEN        the fencing token of this grant
+  LOCKBROKER_LOCK_INDEX   Consul's LockIndex of this grant
+
+SIGINT, SIGTERM and SIGHUP are forwarded to CMD's process group; lockctl
+then exits with CMD's exit code. If the lock is lost while CMD runs, CMD's
+process group gets SIGTERM, then SIGKILL after --grace, and lockctl exits 75.
+
+` + exitCodesHelp
+
+// lockFlags are the options of the lock command.
+type lockFlags struct {
+	slots     uint
+	try       bool
+	timeout   optDuration
+	ttl       optDuration
+	lockDelay optDuration
+	value     string
+	grace     time.Duration
+	verbose   bool
+}
+
+// cmdLock implements `lockctl lock KEY [flags] [--] CMD [ARGS...]`.
+func cmdLock(ctx context.Context, c *cli, args []string) error {
+	var f lockFlags
+	fs := c.flagSet("lock", "KEY [flags] [--] CMD [ARGS...]", lockHelp)
+	fs.UintVar(&f.slots, "n", 1, "semaphore slots: hold one of `N` slots under the prefix KEY (1: an exclusive lock)")
+	fs.BoolVar(&f.try, "try", false, "try once: if KEY is busy, name the holders and exit 73")
+	fs.Var(&f.timeout, "timeout", "wait at most `DURATION` for KEY, then exit 74 (default: wait until interrupted)")
+	fs.Var(&f.ttl, "ttl", "session `TTL`, 10s to 24h (default: the broker's, 15s)")
+	fs.Var(&f.lockDelay, "lock-delay", "Consul lock-delay after a lost session, 0 to 60s (default: the broker's, 15s)")
+	fs.StringVar(&f.value, "value", defaultValue(), "the holder's value (its identity), shown to others")
+	fs.DurationVar(&f.grace, "grace", 10*time.Second, "after a lost lock, how long CMD has between SIGTERM and SIGKILL")
+	fs.BoolVar(&f.verbose, "v", false, "report waiting, grants and renewals on stderr")
+
+	// Flags may come before and after KEY; the command starts at "--" or
+	// at the first argument after KEY that is not a flag.
+	rest, err := c.parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) == 0 {
+		return usageErrorf("lock wants KEY and a command")
+	}
+	key := rest[0]
+	argv, err := c.parseFlags(fs, rest[1:])
+	if err != nil {
+		return err
+	}
+	if len(argv) == 0 {
+		return usageErrorf("lock wants a command to run after KEY")
+	}
+	if f.try && f.timeout.set {
+		return usageErrorf("--try and --timeout exclude each other")
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return err
+	}
+
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	// Cancelling the stream is how the hold is released: the broker
+	// releases the key and destroys its session when the stream ends.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := lockbrokerv1.NewLockServiceClient(conn).Acquire(ctx, f.request(key))
+	if err != nil {
+		return err
+	}
+	events, recvDone := receive(ctx, stream)
+	defer func() { cancel(); <-recvDone }()
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	seq, err := awaitAcquired(c, &f, key, events, sigs)
+	if err != nil {
+		return err
+	}
+	ch, err := startChild(path, argv, seqEnv(seq), c)
+	if err != nil {
+		return err
+	}
+	return supervise(c, &f, ch, events, sigs)
+}
+
+// recvResult is one Recv from the Acquire stream.
+type recvResult struct {
+	resp *lockbrokerv1.AcquireResponse
+	err  error
+}
+
+// receive delivers the stream's events, and finally its error, on events
+// until the stream ends or ctx is cancelled; done is closed then.
+func receive(ctx context.Context, stream grpc.ServerStreamingClient[lockbrokerv1.AcquireResponse]) (events <-chan recvResult, done <-chan struct{}) {
+	ev, d := make(chan recvResult), make(chan struct{})
+	go func() {
+		defer close(d)
+		for {
+			resp, err := stream.Recv()
+			select {
+			case ev <- recvResult{resp, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ev, d
+}
+
+// defaultValue is the holder value used without --value: "host:pid".
+func defaultValue() string {
+	host, _ := os.Hostname()
+	return host + ":" + strconv.Itoa(os.Getpid())
+}
+
+// request builds the AcquireRequest for key from the flags.
+func (f *lockFlags) request(key string) *lockbrokerv1.AcquireRequest {
+	req := &lockbrokerv1.AcquireRequest{
+		Key:         key,
+		Value:       []byte(f.value),
+		WaitTimeout: f.timeout.proto(),
+		Session: &lockbrokerv1.AcquireRequest_NewSession{NewSession: &lockbrokerv1.SessionOptions{
+			Ttl:       f.ttl.proto(),
+			LockDelay: f.lockDelay.proto(),
+			Name:      "lockctl",
+		}},
+	}
+	if f.slots > 1 {
+		req.Limit = uint32(min(f.slots, 1<<31))
+	}
+	if f.try {
+		req.WaitTimeout = durationpb.New(0)
+	}
+	return req
+}
+
+// awaitAcquired waits for the `acquired` event. A busy key (ABORTED) exits
+// 73 and a wait that timed out (DEADLINE_EXCEEDED) exits 74, both with the
+// broker's message naming the holders; a signal gives up the wait and exits
+// 128+N.
+func awaitAcquired(c *cli, f *lockFlags, key string, events <-chan recvResult, sigs <-chan os.Signal) (*lockbrokerv1.Sequencer, error) {
+	for {
+		select {
+		case s := <-sigs:
+			sig, _ := s.(syscall.Signal)
+			return nil, &exitErr{code: 128 + int(sig), msg: fmt.Sprintf("%v while waiting for %q", s, key)}
+		case ev := <-events:
+			if ev.err != nil {
+				return nil, waitError(ev.err)
+			}
+			switch e := ev.resp.GetEvent().(type) {
+			case *lockbrokerv1.AcquireResponse_Queued:
+				if f.verbose {
+					msg := "waiting: " + stateLine(e.Queued.GetState())
+					if d := e.Queued.GetLockDelayRemaining(); d != nil && d.AsDuration() > 0 {
+						msg += fmt.Sprintf(" (Consul lock-delay: %v left)", d.AsDuration().Round(time.Millisecond))
+					}
+					fmt.Fprintln(c.stderr, "lockctl: "+msg)
+				}
+			case *lockbrokerv1.AcquireResponse_Acquired:
+				seq := e.Acquired.GetSequencer()
+				if f.verbose {
+					fmt.Fprintf(c.stderr, "lockctl: acquired %q: session %s, token %d, held for at least %v\n",
+						seq.GetKey(), seq.GetSessionId(), seq.GetToken(), e.Acquired.GetGuaranteedFor().AsDuration().Round(time.Millisecond))
+				}
+				return seq, nil
+			case *lockbrokerv1.AcquireResponse_Lost:
+				return nil, fmt.Errorf("lost while waiting for %q: %s", key, lostText(e.Lost))
+			case *lockbrokerv1.AcquireResponse_Released:
+				return nil, fmt.Errorf("released while waiting for %q", key)
+			}
+		}
+	}
+}
+
+// waitError maps an error that ended the wait to lockctl's exit codes.
+func waitError(err error) error {
+	if errors.Is(err, io.EOF) {
+		return errors.New("the broker ended the stream before the lock was acquired")
+	}
+	switch status.Code(err) {
+	case codes.Aborted:
+		return &exitErr{code: exitBusy, msg: statusText(err)}
+	case codes.DeadlineExceeded:
+		return &exitErr{code: exitTime, msg: statusText(err)}
+	}
+	return err
+}
+
+// seqEnv is the child's environment: lockctl's plus the sequencer.
+func seqEnv(seq *lockbrokerv1.Sequencer) []string {
+	return append(os.Environ(),
+		"LOCKBROKER_KEY="+seq.GetKey(),
+		"LOCKBROKER_SESSION="+seq.GetSessionId(),
+		"LOCKBROKER_TOKEN="+strconv.FormatUint(seq.GetToken(), 10),
+		"LOCKBROKER_LOCK_INDEX="+strconv.FormatUint(seq.GetLockIndex(), 10),
+	)
+}
+
+// supervise runs until the child exits (lockctl exits with its code) or the
+// hold ends (the child is stopped and lockctl exits 75), forwarding signals
+// to the child meanwhile.
+func supervise(c *cli, f *lockFlags, ch *child, events <-chan recvResult, sigs <-chan os.Signal) error {
+	for {
+		select {
+		case <-ch.done:
+			return &exitErr{code: ch.exitCode()}
+		case s := <-sigs:
+			ch.signal(s.(syscall.Signal))
+		case ev := <-events:
+			var why string
+			switch e := ev.resp.GetEvent().(type) {
+			case *lockbrokerv1.AcquireResponse_Keepalive:
+				if f.verbose {
+					fmt.Fprintf(c.stderr, "lockctl: renewed, held for at least %v\n", e.Keepalive.GetGuaranteedFor().AsDuration().Round(time.Millisecond))
+				}
+				continue
+			case *lockbrokerv1.AcquireResponse_Lost:
+				why = lostText(e.Lost)
+			case *lockbrokerv1.AcquireResponse_Released:
+				why = "released through LockService.Release"
+			default:
+				if ev.err == nil {
+					continue // queued or acquired again: nothing to do
+				}
+				why = "the stream to the broker broke: " + statusText(ev.err)
+				if errors.Is(ev.err, io.EOF) {
+					why = "the broker ended the stream"
+				}
+			}
+			if ch.stop(f.grace) {
+				why += "; the command was killed after --grace " + f.grace.String()
+			} else {
+				why += "; the command was terminated"
+			}
+			return &exitErr{code: exitLost, msg: "lock lost: " + why}
+		}
+	}
+}
+
+// lostText describes a `lost` event.
+func lostText(l *lockbrokerv1.AcquireLost) string {
+	s := enumName(l.GetReason().String(), "LOST_REASON_")
+	if d := l.GetDetail(); d != "" {
+		s += ": " + d
+	}
+	return s
+}
