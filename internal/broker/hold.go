@@ -70,6 +70,7 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 		return err
 	}
 	h.sub.setTerm(seq)
+	h.sub.want(seq.Token) // see the first listing at or after the grant
 	h.handle = b.register(spec.Key, h.session)
 	h.handle.seq = *seq
 	defer b.unregister(spec.Key, h.session, h.handle)

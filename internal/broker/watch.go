@@ -68,6 +68,8 @@ type sub struct {
 	key     string
 	wake    chan struct{}
 	fp      fingerprint // of the key's entries at the last publication
+	need    uint64      // wake once the listing reaches this index (see want)
+	woke    uint64      // listing index of the last wake-up
 	seen    uint64      // publications of this key so far
 	read    uint64      // publications up to the last read
 	closeMu sync.Once
@@ -157,6 +159,15 @@ func (s *sub) close() {
 		delete(s.kw.subs, s) // an idle watch ends itself (see retire)
 		s.kw.mu.Unlock()
 	})
+}
+
+// want asks for a wake-up once the listing reaches index, even if the
+// key's entries then look the same as before: a key created and deleted
+// between two listings (a grant and its loss) leaves no trace in them.
+func (s *sub) want(index uint64) {
+	s.kw.mu.Lock()
+	s.need = index
+	s.kw.mu.Unlock()
 }
 
 // setTerm records the token of a grant made by this replica.
@@ -393,10 +404,11 @@ func (kw *keyWatch) publish(entries []*Entry, index uint64) {
 			fp = fingerprintOf(kw.entriesOf(s.key))
 			fps[s.key] = fp
 		}
-		if !first && fp == s.fp {
+		due := s.need > 0 && s.woke < s.need && index >= s.need
+		if !first && fp == s.fp && !due {
 			continue
 		}
-		s.fp = fp
+		s.fp, s.woke = fp, index
 		s.seen++
 		select {
 		case s.wake <- struct{}{}:
