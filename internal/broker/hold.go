@@ -343,14 +343,15 @@ func (h *hold) keep(ctx context.Context, seq *Sequencer) error {
 	}
 }
 
-// released ends a hold that Release ended: it removes the release
-// marker, tells the client, and cleans up.
-func (h *hold) released(ctx context.Context, seq *Sequencer) error {
-	cctx, cancel := cleanupContext()
-	h.b.takeMarker(cctx, seq.Key, seq.Session)
-	cancel()
+// released ends a hold that Release ended (the key is already released):
+// it tells the client and destroys a broker-owned session.
+func (h *hold) released(_ context.Context, seq *Sequencer) error {
 	err := h.send(Event{Kind: EventReleased, Sequencer: *seq})
-	h.finish(ctx, false)
+	if h.owned {
+		cctx, cancel := cleanupContext()
+		h.destroy(cctx)
+		cancel()
+	}
 	return err
 }
 

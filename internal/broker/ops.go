@@ -106,7 +106,7 @@ func (b *Broker) Release(ctx context.Context, key, session string) (bool, error)
 		h.releasing = true
 		h.mu.Unlock()
 	}
-	released, err := b.release(ctx, key, session, info.Delete)
+	released, err := b.release(ctx, key, session, info.Delete, h == nil)
 	if h != nil {
 		h.mu.Lock()
 		if released {
@@ -124,19 +124,24 @@ func (b *Broker) Release(ctx context.Context, key, session string) (bool, error)
 	return true, nil
 }
 
-func (b *Broker) release(ctx context.Context, key, session string, del bool) (bool, error) {
+// release releases key for session; with marker it leaves a release
+// marker for a hold that may be on another replica.
+func (b *Broker) release(ctx context.Context, key, session string, del, marker bool) (bool, error) {
 	for range 50 {
 		st, err := b.readState(ctx, key)
 		if err != nil {
 			return false, err
 		}
-		marker := Op{Verb: OpSet, Key: markerKey(key, session), Value: []byte(key)}
+		var extra []Op
+		if marker {
+			extra = []Op{{Verb: OpSet, Key: markerKey(key, session), Value: []byte(key)}}
+		}
 		switch st.Kind {
 		case KindSemaphore:
 			if _, ok := st.holder(session); !ok {
 				return false, fmt.Errorf("%w: session %s holds no slot of semaphore %q", ErrNotHolder, session, key)
 			}
-			return b.leaveSemaphore(ctx, key, session, []Op{marker})
+			return b.leaveSemaphore(ctx, key, session, extra)
 		case KindLock:
 			hd, ok := st.holder(session)
 			if !ok && len(st.Holders) == 0 {
@@ -145,7 +150,7 @@ func (b *Broker) release(ctx context.Context, key, session string, del bool) (bo
 			if !ok {
 				return false, fmt.Errorf("%w: session %s does not hold %q (session %s does)", ErrNotHolder, session, key, st.Holders[0].Session)
 			}
-			ops := append(unlockOps(key, session, hd.Value, del), marker)
+			ops := append(unlockOps(key, session, hd.Value, del), extra...)
 			_, err := b.store.Txn(ctx, ops)
 			var te *TxnError
 			if errors.As(err, &te) {
