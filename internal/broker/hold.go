@@ -75,7 +75,7 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 	h.handle.seq = *seq
 	defer b.unregister(spec.Key, h.session, h.handle)
 	if err := send(Event{Kind: EventAcquired, Sequencer: *seq, GuaranteedFor: h.guaranteed(), Resumed: resumed}); err != nil {
-		h.finish(ctx, false)
+		h.finish()
 		return err
 	}
 	return h.keep(ctx, seq)
@@ -290,23 +290,23 @@ func (h *hold) keep(ctx context.Context, seq *Sequencer) error {
 			// Consul is unreachable: try to clean up briefly, in the
 			// background, so the stream ends now.
 			h.b.holds.Add(1)
-			go func() { defer h.b.holds.Done(); h.finish(ctx, false) }()
+			go func() { defer h.b.holds.Done(); h.finish() }()
 		default:
-			h.finish(ctx, false)
+			h.finish()
 		}
 		return err
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			h.finish(ctx, false)
+			h.finish()
 			return ctx.Err()
 		case <-h.b.shutdown:
 			return lost(LostBrokerShutdown, fmt.Sprintf("the broker is shutting down; the session stays valid for up to its TTL (%s): resume it on another replica with this sequencer", h.ttl))
 		case d := <-renewed:
 			deadline = time.After(time.Until(d))
 			if err := h.send(Event{Kind: EventKeepalive, GuaranteedFor: max(time.Until(d), 0), Sequencer: *seq}); err != nil {
-				h.finish(ctx, false)
+				h.finish()
 				return err
 			}
 		case err := <-failed:
@@ -406,12 +406,12 @@ func (h *hold) abandon() {
 	}
 }
 
-// finish ends a hold that was granted. A broker-owned session's hold is
-// released and the session destroyed, unless the broker is shutting down
-// (the session is then left for the client to resume elsewhere). A
-// client-owned session's hold outlives the stream.
-func (h *hold) finish(_ context.Context, keepSession bool) {
-	if !h.owned || keepSession {
+// finish ends a hold that was granted: a broker-owned session's hold is
+// released and the session destroyed. A client-owned session's hold
+// outlives the stream. (On broker shutdown finish is not called: the
+// session is left for the client to resume elsewhere.)
+func (h *hold) finish() {
+	if !h.owned {
 		return
 	}
 	ctx, cancel := cleanupContext()

@@ -56,8 +56,7 @@ func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(s
 			}
 			continue
 		}
-		entries, idx, ok := s.listing()
-		_, skipped := s.state()
+		entries, idx, skipped, ok := s.listing()
 		if !ok || idx < floor {
 			continue
 		}

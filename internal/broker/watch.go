@@ -209,21 +209,33 @@ func (s *sub) state() (*State, uint64) {
 	if !kw.ready {
 		return nil, 0
 	}
-	skipped := uint64(0)
-	if s.seen > s.read+1 {
-		skipped = s.seen - s.read - 1
-	}
-	s.read = s.seen
+	skipped := s.takeSkippedLocked()
 	st := deriveState(s.key, kw.entriesOf(s.key), kw.index)
 	kw.fillTerms(st)
 	return st, skipped
 }
 
-// listing returns the newest entries at and under the key, and the index.
-func (s *sub) listing() ([]*Entry, uint64, bool) {
+// takeSkippedLocked returns how many publications were skipped since the
+// previous read, and marks them read. kw.mu must be held.
+func (s *sub) takeSkippedLocked() uint64 {
+	skipped := uint64(0)
+	if s.seen > s.read+1 {
+		skipped = s.seen - s.read - 1
+	}
+	s.read = s.seen
+	return skipped
+}
+
+// listing returns the newest entries at and under the key, their index,
+// and how many publications were skipped since the previous read (as
+// state does).
+func (s *sub) listing() (entries []*Entry, index, skipped uint64, ready bool) {
 	s.kw.mu.Lock()
 	defer s.kw.mu.Unlock()
-	return s.kw.entriesOf(s.key), s.kw.index, s.kw.ready
+	if !s.kw.ready {
+		return nil, 0, 0, false
+	}
+	return s.kw.entriesOf(s.key), s.kw.index, s.takeSkippedLocked(), true
 }
 
 // fill sets the tokens of st's holders from this watch's terms.
