@@ -24,11 +24,11 @@ type hold struct {
 	sem     bool
 	limit   uint32
 
-	sub    *sub
-	ren    *renewer
+	sub *sub
+	ren *renewer
 	// value is the holder's value as last seen in Consul (SetValue may
 	// change it); a release writes it back unchanged.
-	value []byte
+	value  []byte
 	handle *holdHandle
 }
 
@@ -203,7 +203,7 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		case err != nil:
 			return nil, err
 		case h.tryOnce():
-			return nil, holdersError(ErrBusy, st)
+			return nil, holdersError(ErrBusy, ReasonLockHeld, st)
 		}
 		// Learn the holders' lock-delay before telling the client it waits:
 		// once a holder's session is gone it can no longer be read.
@@ -232,7 +232,7 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		case <-h.b.shutdown:
 			return nil, ErrShutdown
 		case <-timeout:
-			return nil, holdersError(ErrTimeout, st)
+			return nil, holdersError(ErrTimeout, ReasonWaitTimeout, st)
 		case err := <-failed:
 			return nil, fmt.Errorf("%w: the session was lost while waiting: %v", ErrAborted, err)
 		case <-delayTimer:

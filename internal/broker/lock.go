@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 )
 
 // errLockDelay: Consul refused the acquire because of a lock-delay.
@@ -46,9 +45,8 @@ func (b *Broker) tryLock(ctx context.Context, key string, value []byte, session 
 	}
 	ops = append(ops, Op{Verb: OpLock, Key: key, Value: value, Flags: LockFlagValue, Session: session})
 	res, err := b.store.Txn(ctx, ops)
-	var te *TxnError
-	if errors.As(err, &te) {
-		if strings.HasSuffix(te.What, "due to lock delay") {
+	if te := asTxnError(err); te != nil {
+		if te.Has(TxnLockDelay) {
 			return nil, errLockDelay
 		}
 		return nil, errRace

@@ -14,7 +14,7 @@ func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(s
 	// The first state is a consistent read, so that it is never older than
 	// a grant the caller already saw; shared states older than it are
 	// skipped.
-	entries, idx, err := b.store.List(ctx, key, 0, true)
+	entries, idx, err := b.store.List(ctx, key, true)
 	if err != nil {
 		return err
 	}
@@ -83,4 +83,3 @@ func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(s
 		}
 	}
 }
-

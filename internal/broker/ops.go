@@ -20,7 +20,7 @@ func markerKey(key, session string) string { return markerPrefix + session + "/"
 // readState is a consistent read of key's state, with the tokens this
 // replica knows.
 func (b *Broker) readState(ctx context.Context, key string) (*State, error) {
-	entries, idx, err := b.store.List(ctx, key, 0, true)
+	entries, idx, err := b.store.List(ctx, key, true)
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +168,7 @@ func (b *Broker) release(ctx context.Context, key, session string, del, marker b
 // deletes it.
 func (b *Broker) takeMarker(ctx context.Context, key, session string) bool {
 	mk := markerKey(key, session)
-	entries, _, err := b.store.List(ctx, mk, 0, true)
+	entries, _, err := b.store.List(ctx, mk, true)
 	if err != nil {
 		return false
 	}
@@ -190,7 +190,7 @@ func (b *Broker) awaitMarker(ctx context.Context, key, session string) {
 	defer cancel()
 	var idx uint64
 	for {
-		entries, next, err := b.store.List(wctx, mk, idx, false)
+		entries, next, err := b.store.Watch(wctx, mk, idx)
 		if err != nil {
 			break
 		}

@@ -16,9 +16,8 @@ var errNoContender = errors.New("contender entry missing")
 // enterSemaphore writes this session's contender entry under prefix.
 func (b *Broker) enterSemaphore(ctx context.Context, prefix, session string, value []byte) error {
 	_, err := b.store.Txn(ctx, []Op{{Verb: OpLock, Key: contenderKey(prefix, session), Value: value, Flags: SemaphoreFlagValue, Session: session}})
-	var te *TxnError
-	if errors.As(err, &te) {
-		return fmt.Errorf("%w: cannot write contender entry %q: %s", ErrConflict, contenderKey(prefix, session), te.What)
+	if te := asTxnError(err); te != nil {
+		return fmt.Errorf("%w: cannot write contender entry %q", ErrConflict, contenderKey(prefix, session))
 	}
 	return err
 }
@@ -140,7 +139,7 @@ func semaphoreLoss(st *State, seq *Sequencer, limit uint32) (lost bool, reason L
 // entry, in one transaction, with extra ops appended.
 func (b *Broker) leaveSemaphore(ctx context.Context, prefix, session string, extra []Op) (bool, error) {
 	for range 50 {
-		entries, idx, err := b.store.List(ctx, prefix, 0, true)
+		entries, idx, err := b.store.List(ctx, prefix, true)
 		if err != nil {
 			return false, err
 		}

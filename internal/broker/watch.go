@@ -353,7 +353,7 @@ func (kw *keyWatch) run(ctx context.Context) {
 		if index > 0 && kw.retire() {
 			return
 		}
-		entries, next, err := kw.h.store.List(ctx, kw.prefix, index, false)
+		entries, next, err := kw.h.store.Watch(ctx, kw.prefix, index)
 		if err != nil {
 			if ctx.Err() != nil {
 				return

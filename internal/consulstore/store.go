@@ -153,23 +153,45 @@ func sessionInfo(e *api.SessionEntry) *broker.SessionInfo {
 }
 
 // List implements broker.Store.
-func (s *Store) List(ctx context.Context, prefix string, waitIndex uint64, consistent bool) ([]*broker.Entry, uint64, error) {
-	q := &api.QueryOptions{RequireConsistent: consistent}
-	if waitIndex > 0 {
-		q.WaitIndex = waitIndex
-		q.WaitTime = s.waitTime
-		s.blocking.Add(1)
-		defer s.blocking.Add(-1)
+func (s *Store) List(ctx context.Context, prefix string, consistent bool) ([]*broker.Entry, uint64, error) {
+	pairs, meta, err := s.c.KV().List(prefix, (&api.QueryOptions{RequireConsistent: consistent}).WithContext(ctx))
+	if err != nil {
+		return nil, 0, wrap(err)
 	}
+	return entries(pairs), meta.LastIndex, nil
+}
+
+// Watch implements broker.Store.
+func (s *Store) Watch(ctx context.Context, prefix string, waitIndex uint64) ([]*broker.Entry, uint64, error) {
+	q := &api.QueryOptions{WaitIndex: waitIndex, WaitTime: s.waitTime}
+	s.blocking.Add(1)
+	defer s.blocking.Add(-1)
 	pairs, meta, err := s.c.KV().List(prefix, q.WithContext(ctx))
 	if err != nil {
 		return nil, 0, wrap(err)
 	}
+	return entries(pairs), meta.LastIndex, nil
+}
+
+// Sessions implements broker.Store.
+func (s *Store) Sessions(ctx context.Context) ([]*broker.SessionInfo, error) {
+	es, _, err := s.c.Session().List((&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+	if err != nil {
+		return nil, wrap(err)
+	}
+	out := make([]*broker.SessionInfo, 0, len(es))
+	for _, e := range es {
+		out = append(out, sessionInfo(e))
+	}
+	return out, nil
+}
+
+func entries(pairs api.KVPairs) []*broker.Entry {
 	out := make([]*broker.Entry, 0, len(pairs))
 	for _, p := range pairs {
 		out = append(out, entry(p))
 	}
-	return out, meta.LastIndex, nil
+	return out
 }
 
 // Txn implements broker.Store.
@@ -190,9 +212,11 @@ func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, erro
 		return nil, wrap(err)
 	}
 	if !ok {
-		te := &broker.TxnError{What: "unknown"}
-		if resp != nil && len(resp.Errors) > 0 {
-			te.Op, te.What = resp.Errors[0].OpIndex, resp.Errors[0].What
+		te := &broker.TxnError{}
+		if resp != nil {
+			for _, e := range resp.Errors {
+				te.Failures = append(te.Failures, broker.TxnFailure{Op: e.OpIndex, Kind: txnFailureKind(e.What)})
+			}
 		}
 		return nil, te
 	}
@@ -211,6 +235,26 @@ func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, erro
 		next++
 	}
 	return out, nil
+}
+
+// txnFailureKind classifies one of Consul's transaction errors (the
+// messages of agent/consul/state/txn.go and kvs.go).
+func txnFailureKind(what string) broker.TxnFailureKind {
+	switch {
+	case strings.Contains(what, "due to lock delay"):
+		return broker.TxnLockDelay
+	case strings.Contains(what, "lock is already held"):
+		return broker.TxnLockHeld
+	case strings.Contains(what, "invalid session"), strings.Contains(what, "missing session"):
+		return broker.TxnSessionInvalid
+	case strings.Contains(what, "lock isn't held"):
+		return broker.TxnNotHeld
+	case strings.Contains(what, "index is stale"), strings.Contains(what, "failed index check"),
+		strings.Contains(what, "failed session check"), strings.Contains(what, "doesn't exist"),
+		strings.Contains(what, "exists"):
+		return broker.TxnCheckFailed
+	}
+	return broker.TxnOther
 }
 
 func entry(p *api.KVPair) *broker.Entry {
@@ -241,9 +285,12 @@ func wrap(err error) error {
 		strings.Contains(msg, "No cluster leader") || strings.Contains(msg, "Unexpected response code: 5") ||
 		strings.Contains(msg, "Unexpected response code: 429") || strings.Contains(msg, "429 Too Many Requests") ||
 		strings.Contains(msg, "connection refused") || strings.Contains(msg, "EOF") {
-		return fmt.Errorf("%w: %s", broker.ErrUnavailable, redact(msg))
+		return &broker.StoreError{Kind: broker.StoreUnavailable, Op: "request", Err: errors.New(redact(msg))}
 	}
-	return fmt.Errorf("consul: %s", redact(msg))
+	if strings.Contains(msg, "Unexpected response code: 403") || strings.Contains(msg, "Permission denied") {
+		return &broker.StoreError{Kind: broker.StorePermissionDenied, Op: "request", Err: errors.New(redact(msg))}
+	}
+	return &broker.StoreError{Kind: broker.StoreRejected, Op: "request", Err: errors.New(redact(msg))}
 }
 
 // redact removes anything that looks like a token parameter from a message.

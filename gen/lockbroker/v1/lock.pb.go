@@ -23,6 +23,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// AcquireKind says whether an Acquire takes a lock or a semaphore slot.
+type AcquireKind int32
+
+const (
+	// Decided by `limit`: 0 or 1 is a lock, more is a semaphore.
+	AcquireKind_ACQUIRE_KIND_UNSPECIFIED AcquireKind = 0
+	// An exclusive lock at `key` (Consul's lock layout).
+	AcquireKind_ACQUIRE_KIND_LOCK AcquireKind = 1
+	// A semaphore slot under the prefix `key`, with `limit` slots (1 to
+	// 1024; 0 means 1).
+	AcquireKind_ACQUIRE_KIND_SEMAPHORE AcquireKind = 2
+)
+
+// Enum value maps for AcquireKind.
+var (
+	AcquireKind_name = map[int32]string{
+		0: "ACQUIRE_KIND_UNSPECIFIED",
+		1: "ACQUIRE_KIND_LOCK",
+		2: "ACQUIRE_KIND_SEMAPHORE",
+	}
+	AcquireKind_value = map[string]int32{
+		"ACQUIRE_KIND_UNSPECIFIED": 0,
+		"ACQUIRE_KIND_LOCK":        1,
+		"ACQUIRE_KIND_SEMAPHORE":   2,
+	}
+)
+
+func (x AcquireKind) Enum() *AcquireKind {
+	p := new(AcquireKind)
+	*p = x
+	return p
+}
+
+func (x AcquireKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AcquireKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_lockbroker_v1_lock_proto_enumTypes[0].Descriptor()
+}
+
+func (AcquireKind) Type() protoreflect.EnumType {
+	return &file_lockbroker_v1_lock_proto_enumTypes[0]
+}
+
+func (x AcquireKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AcquireKind.Descriptor instead.
+func (AcquireKind) EnumDescriptor() ([]byte, []int) {
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{0}
+}
+
 // LostReason says why a hold was lost.
 type LostReason int32
 
@@ -44,9 +98,15 @@ const (
 	// The semaphore's stored limit or flags changed to something this hold
 	// does not agree with.
 	LostReason_LOST_REASON_LIMIT_CONFLICT LostReason = 5
-	// The broker is shutting down. Broker-owned holds are released; a client
-	// may resume a hold on a client-owned session elsewhere.
+	// The broker is shutting down. The hold is not released: its session
+	// stays valid (for a broker-owned session, until its TTL runs out) so the
+	// client can resume it on another replica with its sequencer. Holds no
+	// client resumes by the end of the drain are then released.
 	LostReason_LOST_REASON_BROKER_SHUTDOWN LostReason = 6
+	// The hold was resumed on another broker replica (an Acquire with
+	// `resume`): that replica now owns the session, and this stream ends
+	// without touching the hold.
+	LostReason_LOST_REASON_RESUMED_ELSEWHERE LostReason = 7
 )
 
 // Enum value maps for LostReason.
@@ -59,6 +119,7 @@ var (
 		4: "LOST_REASON_RENEWAL_FAILED",
 		5: "LOST_REASON_LIMIT_CONFLICT",
 		6: "LOST_REASON_BROKER_SHUTDOWN",
+		7: "LOST_REASON_RESUMED_ELSEWHERE",
 	}
 	LostReason_value = map[string]int32{
 		"LOST_REASON_UNSPECIFIED":         0,
@@ -68,6 +129,7 @@ var (
 		"LOST_REASON_RENEWAL_FAILED":      4,
 		"LOST_REASON_LIMIT_CONFLICT":      5,
 		"LOST_REASON_BROKER_SHUTDOWN":     6,
+		"LOST_REASON_RESUMED_ELSEWHERE":   7,
 	}
 )
 
@@ -82,11 +144,11 @@ func (x LostReason) String() string {
 }
 
 func (LostReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_lockbroker_v1_lock_proto_enumTypes[0].Descriptor()
+	return file_lockbroker_v1_lock_proto_enumTypes[1].Descriptor()
 }
 
 func (LostReason) Type() protoreflect.EnumType {
-	return &file_lockbroker_v1_lock_proto_enumTypes[0]
+	return &file_lockbroker_v1_lock_proto_enumTypes[1]
 }
 
 func (x LostReason) Number() protoreflect.EnumNumber {
@@ -95,7 +157,136 @@ func (x LostReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LostReason.Descriptor instead.
 func (LostReason) EnumDescriptor() ([]byte, []int) {
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{1}
+}
+
+// TryAcquireRequest asks for a lock or semaphore slot now, for a
+// client-owned session.
+type TryAcquireRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock key, or the semaphore prefix (see AcquireRequest.key).
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// The holder's value (see AcquireRequest.value). At most 512 KiB.
+	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// Slots, as in AcquireRequest.limit.
+	Limit uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The client-owned session that will hold the grant. Required.
+	SessionId string `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Lock or semaphore, as in AcquireRequest.kind.
+	Kind          AcquireKind `protobuf:"varint,5,opt,name=kind,proto3,enum=lockbroker.v1.AcquireKind" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TryAcquireRequest) Reset() {
+	*x = TryAcquireRequest{}
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TryAcquireRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TryAcquireRequest) ProtoMessage() {}
+
+func (x *TryAcquireRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TryAcquireRequest.ProtoReflect.Descriptor instead.
+func (*TryAcquireRequest) Descriptor() ([]byte, []int) {
 	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *TryAcquireRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *TryAcquireRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *TryAcquireRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *TryAcquireRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *TryAcquireRequest) GetKind() AcquireKind {
+	if x != nil {
+		return x.Kind
+	}
+	return AcquireKind_ACQUIRE_KIND_UNSPECIFIED
+}
+
+// TryAcquireResponse is the grant.
+type TryAcquireResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The grant: pass its token to protected resources.
+	Sequencer     *Sequencer `protobuf:"bytes,1,opt,name=sequencer,proto3" json:"sequencer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TryAcquireResponse) Reset() {
+	*x = TryAcquireResponse{}
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TryAcquireResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TryAcquireResponse) ProtoMessage() {}
+
+func (x *TryAcquireResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TryAcquireResponse.ProtoReflect.Descriptor instead.
+func (*TryAcquireResponse) Descriptor() ([]byte, []int) {
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TryAcquireResponse) GetSequencer() *Sequencer {
+	if x != nil {
+		return x.Sequencer
+	}
+	return nil
 }
 
 // AcquireRequest asks for a lock or semaphore slot.
@@ -132,14 +323,19 @@ type AcquireRequest struct {
 	// old waiter. Default false: whoever wins the check-and-set race first.
 	// Fairness only orders broker clients that ask for it; Consul's own
 	// `api.Semaphore` clients do not take part in it.
-	Fair          bool `protobuf:"varint,8,opt,name=fair,proto3" json:"fair,omitempty"`
+	Fair bool `protobuf:"varint,8,opt,name=fair,proto3" json:"fair,omitempty"`
+	// What to take. UNSPECIFIED (the default) follows `limit`: 0 or 1 is a
+	// lock, more is a semaphore. SEMAPHORE with `limit` 1 is a one-slot
+	// semaphore (Consul's semaphore layout with Limit 1); LOCK requires
+	// `limit` 0 or 1 (INVALID_ARGUMENT otherwise).
+	Kind          AcquireKind `protobuf:"varint,9,opt,name=kind,proto3,enum=lockbroker.v1.AcquireKind" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[0]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -151,7 +347,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[0]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -164,7 +360,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{0}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AcquireRequest) GetKey() string {
@@ -236,6 +432,13 @@ func (x *AcquireRequest) GetFair() bool {
 	return false
 }
 
+func (x *AcquireRequest) GetKind() AcquireKind {
+	if x != nil {
+		return x.Kind
+	}
+	return AcquireKind_ACQUIRE_KIND_UNSPECIFIED
+}
+
 type isAcquireRequest_Session interface {
 	isAcquireRequest_Session()
 }
@@ -289,7 +492,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[1]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -301,7 +504,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[1]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -314,7 +517,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{1}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AcquireResponse) GetEvent() isAcquireResponse_Event {
@@ -425,7 +628,7 @@ type AcquireQueued struct {
 
 func (x *AcquireQueued) Reset() {
 	*x = AcquireQueued{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[2]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +640,7 @@ func (x *AcquireQueued) String() string {
 func (*AcquireQueued) ProtoMessage() {}
 
 func (x *AcquireQueued) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[2]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +653,7 @@ func (x *AcquireQueued) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireQueued.ProtoReflect.Descriptor instead.
 func (*AcquireQueued) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{2}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AcquireQueued) GetState() *LockState {
@@ -490,7 +693,7 @@ type AcquireAcquired struct {
 
 func (x *AcquireAcquired) Reset() {
 	*x = AcquireAcquired{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[3]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -502,7 +705,7 @@ func (x *AcquireAcquired) String() string {
 func (*AcquireAcquired) ProtoMessage() {}
 
 func (x *AcquireAcquired) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[3]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -515,7 +718,7 @@ func (x *AcquireAcquired) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireAcquired.ProtoReflect.Descriptor instead.
 func (*AcquireAcquired) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{3}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AcquireAcquired) GetSequencer() *Sequencer {
@@ -553,7 +756,7 @@ type AcquireKeepalive struct {
 
 func (x *AcquireKeepalive) Reset() {
 	*x = AcquireKeepalive{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[4]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +768,7 @@ func (x *AcquireKeepalive) String() string {
 func (*AcquireKeepalive) ProtoMessage() {}
 
 func (x *AcquireKeepalive) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[4]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +781,7 @@ func (x *AcquireKeepalive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireKeepalive.ProtoReflect.Descriptor instead.
 func (*AcquireKeepalive) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{4}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AcquireKeepalive) GetGuaranteedFor() *durationpb.Duration {
@@ -601,7 +804,7 @@ type AcquireLost struct {
 
 func (x *AcquireLost) Reset() {
 	*x = AcquireLost{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[5]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +816,7 @@ func (x *AcquireLost) String() string {
 func (*AcquireLost) ProtoMessage() {}
 
 func (x *AcquireLost) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[5]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +829,7 @@ func (x *AcquireLost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireLost.ProtoReflect.Descriptor instead.
 func (*AcquireLost) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{5}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AcquireLost) GetReason() LostReason {
@@ -654,7 +857,7 @@ type AcquireReleased struct {
 
 func (x *AcquireReleased) Reset() {
 	*x = AcquireReleased{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[6]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +869,7 @@ func (x *AcquireReleased) String() string {
 func (*AcquireReleased) ProtoMessage() {}
 
 func (x *AcquireReleased) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[6]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +882,7 @@ func (x *AcquireReleased) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireReleased.ProtoReflect.Descriptor instead.
 func (*AcquireReleased) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{6}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AcquireReleased) GetSequencer() *Sequencer {
@@ -695,14 +898,22 @@ type ReleaseRequest struct {
 	// The lock key or semaphore prefix.
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The holder's session.
-	SessionId     string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Optional precondition: the token of the grant to release (from
+	// `acquired.sequencer.token`). Non-zero: the release happens only while
+	// that grant is the session's current hold of the key; otherwise
+	// FAILED_PRECONDITION (NOT_HOLDER) when another grant holds it, or OK
+	// with `released` false when the key is already free. Zero: no
+	// precondition. Clients should always send it: it makes a late retry
+	// harmless even if the session holds the key again by then.
+	Token         uint64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[7]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -714,7 +925,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[7]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -727,7 +938,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{7}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseRequest) GetKey() string {
@@ -744,11 +955,19 @@ func (x *ReleaseRequest) GetSessionId() string {
 	return ""
 }
 
+func (x *ReleaseRequest) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
 // ReleaseResponse confirms a release.
 type ReleaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// True when the session held the key and now does not; false when it was
-	// already released (Release is idempotent for the holder's session).
+	// already released (Release is idempotent for the holder's session: a
+	// retry after success returns OK with false).
 	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -756,7 +975,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[8]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -768,7 +987,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[8]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -781,7 +1000,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{8}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -806,7 +1025,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[9]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -818,7 +1037,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[9]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -831,7 +1050,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{9}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchRequest) GetKey() string {
@@ -855,14 +1074,18 @@ type WatchResponse struct {
 	State *LockState `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
 	// How many states of this key the broker dropped because the client read
 	// too slowly (it always gets the newest).
-	Skipped       uint64 `protobuf:"varint,2,opt,name=skipped,proto3" json:"skipped,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Skipped uint64 `protobuf:"varint,2,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// Prefix watches only: true on the one response (with no `state`) that
+	// follows the initial burst, once the client has the state of every key
+	// under the prefix. Every later response is a change.
+	SnapshotComplete bool `protobuf:"varint,3,opt,name=snapshot_complete,json=snapshotComplete,proto3" json:"snapshot_complete,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[10]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +1097,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[10]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +1110,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{10}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WatchResponse) GetState() *LockState {
@@ -904,6 +1127,13 @@ func (x *WatchResponse) GetSkipped() uint64 {
 	return 0
 }
 
+func (x *WatchResponse) GetSnapshotComplete() bool {
+	if x != nil {
+		return x.SnapshotComplete
+	}
+	return false
+}
+
 // GetLockRequest asks for the state of a key.
 type GetLockRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -915,7 +1145,7 @@ type GetLockRequest struct {
 
 func (x *GetLockRequest) Reset() {
 	*x = GetLockRequest{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[11]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1157,7 @@ func (x *GetLockRequest) String() string {
 func (*GetLockRequest) ProtoMessage() {}
 
 func (x *GetLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[11]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1170,7 @@ func (x *GetLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLockRequest.ProtoReflect.Descriptor instead.
 func (*GetLockRequest) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{11}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetLockRequest) GetKey() string {
@@ -961,7 +1191,7 @@ type GetLockResponse struct {
 
 func (x *GetLockResponse) Reset() {
 	*x = GetLockResponse{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[12]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1203,7 @@ func (x *GetLockResponse) String() string {
 func (*GetLockResponse) ProtoMessage() {}
 
 func (x *GetLockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[12]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1216,7 @@ func (x *GetLockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLockResponse.ProtoReflect.Descriptor instead.
 func (*GetLockResponse) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{12}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetLockResponse) GetState() *LockState {
@@ -1004,14 +1234,18 @@ type SetValueRequest struct {
 	// The holder's session.
 	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The new value. At most 512 KiB.
-	Value         []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	Value []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// Optional precondition: the token of the grant whose value to change.
+	// Non-zero: FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the
+	// session's current hold of the key. Zero: no precondition.
+	Token         uint64 `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SetValueRequest) Reset() {
 	*x = SetValueRequest{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[13]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1257,7 @@ func (x *SetValueRequest) String() string {
 func (*SetValueRequest) ProtoMessage() {}
 
 func (x *SetValueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[13]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1270,7 @@ func (x *SetValueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetValueRequest.ProtoReflect.Descriptor instead.
 func (*SetValueRequest) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{13}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetValueRequest) GetKey() string {
@@ -1060,6 +1294,13 @@ func (x *SetValueRequest) GetValue() []byte {
 	return nil
 }
 
+func (x *SetValueRequest) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
 // SetValueResponse confirms the new value.
 type SetValueResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1071,7 +1312,7 @@ type SetValueResponse struct {
 
 func (x *SetValueResponse) Reset() {
 	*x = SetValueResponse{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[14]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1324,7 @@ func (x *SetValueResponse) String() string {
 func (*SetValueResponse) ProtoMessage() {}
 
 func (x *SetValueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[14]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1337,7 @@ func (x *SetValueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetValueResponse.ProtoReflect.Descriptor instead.
 func (*SetValueResponse) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{14}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetValueResponse) GetSequencer() *Sequencer {
@@ -1117,7 +1358,7 @@ type CheckSequencerRequest struct {
 
 func (x *CheckSequencerRequest) Reset() {
 	*x = CheckSequencerRequest{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[15]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1370,7 @@ func (x *CheckSequencerRequest) String() string {
 func (*CheckSequencerRequest) ProtoMessage() {}
 
 func (x *CheckSequencerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[15]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1383,7 @@ func (x *CheckSequencerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckSequencerRequest.ProtoReflect.Descriptor instead.
 func (*CheckSequencerRequest) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{15}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CheckSequencerRequest) GetSequencer() *Sequencer {
@@ -1166,7 +1407,7 @@ type CheckSequencerResponse struct {
 
 func (x *CheckSequencerResponse) Reset() {
 	*x = CheckSequencerResponse{}
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[16]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1419,7 @@ func (x *CheckSequencerResponse) String() string {
 func (*CheckSequencerResponse) ProtoMessage() {}
 
 func (x *CheckSequencerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_lock_proto_msgTypes[16]
+	mi := &file_lockbroker_v1_lock_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1432,7 @@ func (x *CheckSequencerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckSequencerResponse.ProtoReflect.Descriptor instead.
 func (*CheckSequencerResponse) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{16}
+	return file_lockbroker_v1_lock_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CheckSequencerResponse) GetCurrent() bool {
@@ -1212,7 +1453,17 @@ var File_lockbroker_v1_lock_proto protoreflect.FileDescriptor
 
 const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\n" +
-	"\x18lockbroker/v1/lock.proto\x12\rlockbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17lockbroker/v1/key.proto\x1a\x19lockbroker/v1/types.proto\"\xfd\x02\n" +
+	"\x18lockbroker/v1/lock.proto\x12\rlockbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17lockbroker/v1/key.proto\x1a\x19lockbroker/v1/types.proto\"\xd5\x01\n" +
+	"\x11TryAcquireRequest\x12\x1c\n" +
+	"\x03key\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n" +
+	"\x05value\x18\x02 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80 R\x05value\x12\x1e\n" +
+	"\x05limit\x18\x03 \x01(\rB\b\xbaH\x05*\x03\x18\x80\bR\x05limit\x12'\n" +
+	"\n" +
+	"session_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x128\n" +
+	"\x04kind\x18\x05 \x01(\x0e2\x1a.lockbroker.v1.AcquireKindB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04kind\"L\n" +
+	"\x12TryAcquireResponse\x126\n" +
+	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\"\xb7\x03\n" +
 	"\x0eAcquireRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n" +
@@ -1224,7 +1475,8 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01H\x00R\tsessionId\x122\n" +
 	"\x06resume\x18\a \x01(\v2\x18.lockbroker.v1.SequencerH\x00R\x06resume\x12\x12\n" +
-	"\x04fair\x18\b \x01(\bR\x04fairB\t\n" +
+	"\x04fair\x18\b \x01(\bR\x04fair\x128\n" +
+	"\x04kind\x18\t \x01(\x0e2\x1a.lockbroker.v1.AcquireKindB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04kindB\t\n" +
 	"\asession\"\xc1\x02\n" +
 	"\x0fAcquireResponse\x126\n" +
 	"\x06queued\x18\x01 \x01(\v2\x1c.lockbroker.v1.AcquireQueuedH\x00R\x06queued\x12<\n" +
@@ -1248,39 +1500,46 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\x06reason\x18\x01 \x01(\x0e2\x19.lockbroker.v1.LostReasonR\x06reason\x12\x16\n" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\"I\n" +
 	"\x0fAcquireReleased\x126\n" +
-	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\"W\n" +
+	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\"m\n" +
 	"\x0eReleaseRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12'\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\"-\n" +
+	"session_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\x04R\x05token\"-\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\"D\n" +
 	"\fWatchRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x16\n" +
-	"\x06prefix\x18\x02 \x01(\bR\x06prefix\"Y\n" +
+	"\x06prefix\x18\x02 \x01(\bR\x06prefix\"\x86\x01\n" +
 	"\rWatchResponse\x12.\n" +
 	"\x05state\x18\x01 \x01(\v2\x18.lockbroker.v1.LockStateR\x05state\x12\x18\n" +
-	"\askipped\x18\x02 \x01(\x04R\askipped\".\n" +
+	"\askipped\x18\x02 \x01(\x04R\askipped\x12+\n" +
+	"\x11snapshot_complete\x18\x03 \x01(\bR\x10snapshotComplete\".\n" +
 	"\x0eGetLockRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\"A\n" +
 	"\x0fGetLockResponse\x12.\n" +
-	"\x05state\x18\x01 \x01(\v2\x18.lockbroker.v1.LockStateR\x05state\"y\n" +
+	"\x05state\x18\x01 \x01(\v2\x18.lockbroker.v1.LockStateR\x05state\"\x8f\x01\n" +
 	"\x0fSetValueRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12'\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x1f\n" +
-	"\x05value\x18\x03 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80 R\x05value\"J\n" +
+	"\x05value\x18\x03 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80 R\x05value\x12\x14\n" +
+	"\x05token\x18\x04 \x01(\x04R\x05token\"J\n" +
 	"\x10SetValueResponse\x126\n" +
 	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\"W\n" +
 	"\x15CheckSequencerRequest\x12>\n" +
 	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerB\x06\xbaH\x03\xc8\x01\x01R\tsequencer\"b\n" +
 	"\x16CheckSequencerResponse\x12\x18\n" +
 	"\acurrent\x18\x01 \x01(\bR\acurrent\x12.\n" +
-	"\x05state\x18\x02 \x01(\v2\x18.lockbroker.v1.LockStateR\x05state*\xf4\x01\n" +
+	"\x05state\x18\x02 \x01(\v2\x18.lockbroker.v1.LockStateR\x05state*^\n" +
+	"\vAcquireKind\x12\x1c\n" +
+	"\x18ACQUIRE_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11ACQUIRE_KIND_LOCK\x10\x01\x12\x1a\n" +
+	"\x16ACQUIRE_KIND_SEMAPHORE\x10\x02*\x97\x02\n" +
 	"\n" +
 	"LostReason\x12\x1b\n" +
 	"\x17LOST_REASON_UNSPECIFIED\x10\x00\x12#\n" +
@@ -1289,14 +1548,17 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\x1cLOST_REASON_DELETED_BY_OTHER\x10\x03\x12\x1e\n" +
 	"\x1aLOST_REASON_RENEWAL_FAILED\x10\x04\x12\x1e\n" +
 	"\x1aLOST_REASON_LIMIT_CONFLICT\x10\x05\x12\x1f\n" +
-	"\x1bLOST_REASON_BROKER_SHUTDOWN\x10\x062\xdf\x03\n" +
+	"\x1bLOST_REASON_BROKER_SHUTDOWN\x10\x06\x12!\n" +
+	"\x1dLOST_REASON_RESUMED_ELSEWHERE\x10\a2\xb2\x04\n" +
 	"\vLockService\x12J\n" +
 	"\aAcquire\x12\x1d.lockbroker.v1.AcquireRequest\x1a\x1e.lockbroker.v1.AcquireResponse0\x01\x12H\n" +
 	"\aRelease\x12\x1d.lockbroker.v1.ReleaseRequest\x1a\x1e.lockbroker.v1.ReleaseResponse\x12D\n" +
 	"\x05Watch\x12\x1b.lockbroker.v1.WatchRequest\x1a\x1c.lockbroker.v1.WatchResponse0\x01\x12H\n" +
 	"\aGetLock\x12\x1d.lockbroker.v1.GetLockRequest\x1a\x1e.lockbroker.v1.GetLockResponse\x12K\n" +
 	"\bSetValue\x12\x1e.lockbroker.v1.SetValueRequest\x1a\x1f.lockbroker.v1.SetValueResponse\x12]\n" +
-	"\x0eCheckSequencer\x12$.lockbroker.v1.CheckSequencerRequest\x1a%.lockbroker.v1.CheckSequencerResponseBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3"
+	"\x0eCheckSequencer\x12$.lockbroker.v1.CheckSequencerRequest\x1a%.lockbroker.v1.CheckSequencerResponse\x12Q\n" +
+	"\n" +
+	"TryAcquire\x12 .lockbroker.v1.TryAcquireRequest\x1a!.lockbroker.v1.TryAcquireResponseBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3"
 
 var (
 	file_lockbroker_v1_lock_proto_rawDescOnce sync.Once
@@ -1310,70 +1572,78 @@ func file_lockbroker_v1_lock_proto_rawDescGZIP() []byte {
 	return file_lockbroker_v1_lock_proto_rawDescData
 }
 
-var file_lockbroker_v1_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lockbroker_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_lockbroker_v1_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_lockbroker_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_lockbroker_v1_lock_proto_goTypes = []any{
-	(LostReason)(0),                // 0: lockbroker.v1.LostReason
-	(*AcquireRequest)(nil),         // 1: lockbroker.v1.AcquireRequest
-	(*AcquireResponse)(nil),        // 2: lockbroker.v1.AcquireResponse
-	(*AcquireQueued)(nil),          // 3: lockbroker.v1.AcquireQueued
-	(*AcquireAcquired)(nil),        // 4: lockbroker.v1.AcquireAcquired
-	(*AcquireKeepalive)(nil),       // 5: lockbroker.v1.AcquireKeepalive
-	(*AcquireLost)(nil),            // 6: lockbroker.v1.AcquireLost
-	(*AcquireReleased)(nil),        // 7: lockbroker.v1.AcquireReleased
-	(*ReleaseRequest)(nil),         // 8: lockbroker.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 9: lockbroker.v1.ReleaseResponse
-	(*WatchRequest)(nil),           // 10: lockbroker.v1.WatchRequest
-	(*WatchResponse)(nil),          // 11: lockbroker.v1.WatchResponse
-	(*GetLockRequest)(nil),         // 12: lockbroker.v1.GetLockRequest
-	(*GetLockResponse)(nil),        // 13: lockbroker.v1.GetLockResponse
-	(*SetValueRequest)(nil),        // 14: lockbroker.v1.SetValueRequest
-	(*SetValueResponse)(nil),       // 15: lockbroker.v1.SetValueResponse
-	(*CheckSequencerRequest)(nil),  // 16: lockbroker.v1.CheckSequencerRequest
-	(*CheckSequencerResponse)(nil), // 17: lockbroker.v1.CheckSequencerResponse
-	(*durationpb.Duration)(nil),    // 18: google.protobuf.Duration
-	(*SessionOptions)(nil),         // 19: lockbroker.v1.SessionOptions
-	(*Sequencer)(nil),              // 20: lockbroker.v1.Sequencer
-	(*LockState)(nil),              // 21: lockbroker.v1.LockState
+	(AcquireKind)(0),               // 0: lockbroker.v1.AcquireKind
+	(LostReason)(0),                // 1: lockbroker.v1.LostReason
+	(*TryAcquireRequest)(nil),      // 2: lockbroker.v1.TryAcquireRequest
+	(*TryAcquireResponse)(nil),     // 3: lockbroker.v1.TryAcquireResponse
+	(*AcquireRequest)(nil),         // 4: lockbroker.v1.AcquireRequest
+	(*AcquireResponse)(nil),        // 5: lockbroker.v1.AcquireResponse
+	(*AcquireQueued)(nil),          // 6: lockbroker.v1.AcquireQueued
+	(*AcquireAcquired)(nil),        // 7: lockbroker.v1.AcquireAcquired
+	(*AcquireKeepalive)(nil),       // 8: lockbroker.v1.AcquireKeepalive
+	(*AcquireLost)(nil),            // 9: lockbroker.v1.AcquireLost
+	(*AcquireReleased)(nil),        // 10: lockbroker.v1.AcquireReleased
+	(*ReleaseRequest)(nil),         // 11: lockbroker.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 12: lockbroker.v1.ReleaseResponse
+	(*WatchRequest)(nil),           // 13: lockbroker.v1.WatchRequest
+	(*WatchResponse)(nil),          // 14: lockbroker.v1.WatchResponse
+	(*GetLockRequest)(nil),         // 15: lockbroker.v1.GetLockRequest
+	(*GetLockResponse)(nil),        // 16: lockbroker.v1.GetLockResponse
+	(*SetValueRequest)(nil),        // 17: lockbroker.v1.SetValueRequest
+	(*SetValueResponse)(nil),       // 18: lockbroker.v1.SetValueResponse
+	(*CheckSequencerRequest)(nil),  // 19: lockbroker.v1.CheckSequencerRequest
+	(*CheckSequencerResponse)(nil), // 20: lockbroker.v1.CheckSequencerResponse
+	(*Sequencer)(nil),              // 21: lockbroker.v1.Sequencer
+	(*durationpb.Duration)(nil),    // 22: google.protobuf.Duration
+	(*SessionOptions)(nil),         // 23: lockbroker.v1.SessionOptions
+	(*LockState)(nil),              // 24: lockbroker.v1.LockState
 }
 var file_lockbroker_v1_lock_proto_depIdxs = []int32{
-	18, // 0: lockbroker.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	19, // 1: lockbroker.v1.AcquireRequest.new_session:type_name -> lockbroker.v1.SessionOptions
-	20, // 2: lockbroker.v1.AcquireRequest.resume:type_name -> lockbroker.v1.Sequencer
-	3,  // 3: lockbroker.v1.AcquireResponse.queued:type_name -> lockbroker.v1.AcquireQueued
-	4,  // 4: lockbroker.v1.AcquireResponse.acquired:type_name -> lockbroker.v1.AcquireAcquired
-	5,  // 5: lockbroker.v1.AcquireResponse.keepalive:type_name -> lockbroker.v1.AcquireKeepalive
-	6,  // 6: lockbroker.v1.AcquireResponse.lost:type_name -> lockbroker.v1.AcquireLost
-	7,  // 7: lockbroker.v1.AcquireResponse.released:type_name -> lockbroker.v1.AcquireReleased
-	21, // 8: lockbroker.v1.AcquireQueued.state:type_name -> lockbroker.v1.LockState
-	18, // 9: lockbroker.v1.AcquireQueued.lock_delay_remaining:type_name -> google.protobuf.Duration
-	20, // 10: lockbroker.v1.AcquireAcquired.sequencer:type_name -> lockbroker.v1.Sequencer
-	18, // 11: lockbroker.v1.AcquireAcquired.guaranteed_for:type_name -> google.protobuf.Duration
-	18, // 12: lockbroker.v1.AcquireKeepalive.guaranteed_for:type_name -> google.protobuf.Duration
-	0,  // 13: lockbroker.v1.AcquireLost.reason:type_name -> lockbroker.v1.LostReason
-	20, // 14: lockbroker.v1.AcquireReleased.sequencer:type_name -> lockbroker.v1.Sequencer
-	21, // 15: lockbroker.v1.WatchResponse.state:type_name -> lockbroker.v1.LockState
-	21, // 16: lockbroker.v1.GetLockResponse.state:type_name -> lockbroker.v1.LockState
-	20, // 17: lockbroker.v1.SetValueResponse.sequencer:type_name -> lockbroker.v1.Sequencer
-	20, // 18: lockbroker.v1.CheckSequencerRequest.sequencer:type_name -> lockbroker.v1.Sequencer
-	21, // 19: lockbroker.v1.CheckSequencerResponse.state:type_name -> lockbroker.v1.LockState
-	1,  // 20: lockbroker.v1.LockService.Acquire:input_type -> lockbroker.v1.AcquireRequest
-	8,  // 21: lockbroker.v1.LockService.Release:input_type -> lockbroker.v1.ReleaseRequest
-	10, // 22: lockbroker.v1.LockService.Watch:input_type -> lockbroker.v1.WatchRequest
-	12, // 23: lockbroker.v1.LockService.GetLock:input_type -> lockbroker.v1.GetLockRequest
-	14, // 24: lockbroker.v1.LockService.SetValue:input_type -> lockbroker.v1.SetValueRequest
-	16, // 25: lockbroker.v1.LockService.CheckSequencer:input_type -> lockbroker.v1.CheckSequencerRequest
-	2,  // 26: lockbroker.v1.LockService.Acquire:output_type -> lockbroker.v1.AcquireResponse
-	9,  // 27: lockbroker.v1.LockService.Release:output_type -> lockbroker.v1.ReleaseResponse
-	11, // 28: lockbroker.v1.LockService.Watch:output_type -> lockbroker.v1.WatchResponse
-	13, // 29: lockbroker.v1.LockService.GetLock:output_type -> lockbroker.v1.GetLockResponse
-	15, // 30: lockbroker.v1.LockService.SetValue:output_type -> lockbroker.v1.SetValueResponse
-	17, // 31: lockbroker.v1.LockService.CheckSequencer:output_type -> lockbroker.v1.CheckSequencerResponse
-	26, // [26:32] is the sub-list for method output_type
-	20, // [20:26] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	0,  // 0: lockbroker.v1.TryAcquireRequest.kind:type_name -> lockbroker.v1.AcquireKind
+	21, // 1: lockbroker.v1.TryAcquireResponse.sequencer:type_name -> lockbroker.v1.Sequencer
+	22, // 2: lockbroker.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	23, // 3: lockbroker.v1.AcquireRequest.new_session:type_name -> lockbroker.v1.SessionOptions
+	21, // 4: lockbroker.v1.AcquireRequest.resume:type_name -> lockbroker.v1.Sequencer
+	0,  // 5: lockbroker.v1.AcquireRequest.kind:type_name -> lockbroker.v1.AcquireKind
+	6,  // 6: lockbroker.v1.AcquireResponse.queued:type_name -> lockbroker.v1.AcquireQueued
+	7,  // 7: lockbroker.v1.AcquireResponse.acquired:type_name -> lockbroker.v1.AcquireAcquired
+	8,  // 8: lockbroker.v1.AcquireResponse.keepalive:type_name -> lockbroker.v1.AcquireKeepalive
+	9,  // 9: lockbroker.v1.AcquireResponse.lost:type_name -> lockbroker.v1.AcquireLost
+	10, // 10: lockbroker.v1.AcquireResponse.released:type_name -> lockbroker.v1.AcquireReleased
+	24, // 11: lockbroker.v1.AcquireQueued.state:type_name -> lockbroker.v1.LockState
+	22, // 12: lockbroker.v1.AcquireQueued.lock_delay_remaining:type_name -> google.protobuf.Duration
+	21, // 13: lockbroker.v1.AcquireAcquired.sequencer:type_name -> lockbroker.v1.Sequencer
+	22, // 14: lockbroker.v1.AcquireAcquired.guaranteed_for:type_name -> google.protobuf.Duration
+	22, // 15: lockbroker.v1.AcquireKeepalive.guaranteed_for:type_name -> google.protobuf.Duration
+	1,  // 16: lockbroker.v1.AcquireLost.reason:type_name -> lockbroker.v1.LostReason
+	21, // 17: lockbroker.v1.AcquireReleased.sequencer:type_name -> lockbroker.v1.Sequencer
+	24, // 18: lockbroker.v1.WatchResponse.state:type_name -> lockbroker.v1.LockState
+	24, // 19: lockbroker.v1.GetLockResponse.state:type_name -> lockbroker.v1.LockState
+	21, // 20: lockbroker.v1.SetValueResponse.sequencer:type_name -> lockbroker.v1.Sequencer
+	21, // 21: lockbroker.v1.CheckSequencerRequest.sequencer:type_name -> lockbroker.v1.Sequencer
+	24, // 22: lockbroker.v1.CheckSequencerResponse.state:type_name -> lockbroker.v1.LockState
+	4,  // 23: lockbroker.v1.LockService.Acquire:input_type -> lockbroker.v1.AcquireRequest
+	11, // 24: lockbroker.v1.LockService.Release:input_type -> lockbroker.v1.ReleaseRequest
+	13, // 25: lockbroker.v1.LockService.Watch:input_type -> lockbroker.v1.WatchRequest
+	15, // 26: lockbroker.v1.LockService.GetLock:input_type -> lockbroker.v1.GetLockRequest
+	17, // 27: lockbroker.v1.LockService.SetValue:input_type -> lockbroker.v1.SetValueRequest
+	19, // 28: lockbroker.v1.LockService.CheckSequencer:input_type -> lockbroker.v1.CheckSequencerRequest
+	2,  // 29: lockbroker.v1.LockService.TryAcquire:input_type -> lockbroker.v1.TryAcquireRequest
+	5,  // 30: lockbroker.v1.LockService.Acquire:output_type -> lockbroker.v1.AcquireResponse
+	12, // 31: lockbroker.v1.LockService.Release:output_type -> lockbroker.v1.ReleaseResponse
+	14, // 32: lockbroker.v1.LockService.Watch:output_type -> lockbroker.v1.WatchResponse
+	16, // 33: lockbroker.v1.LockService.GetLock:output_type -> lockbroker.v1.GetLockResponse
+	18, // 34: lockbroker.v1.LockService.SetValue:output_type -> lockbroker.v1.SetValueResponse
+	20, // 35: lockbroker.v1.LockService.CheckSequencer:output_type -> lockbroker.v1.CheckSequencerResponse
+	3,  // 36: lockbroker.v1.LockService.TryAcquire:output_type -> lockbroker.v1.TryAcquireResponse
+	30, // [30:37] is the sub-list for method output_type
+	23, // [23:30] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_lockbroker_v1_lock_proto_init() }
@@ -1383,12 +1653,12 @@ func file_lockbroker_v1_lock_proto_init() {
 	}
 	file_lockbroker_v1_key_proto_init()
 	file_lockbroker_v1_types_proto_init()
-	file_lockbroker_v1_lock_proto_msgTypes[0].OneofWrappers = []any{
+	file_lockbroker_v1_lock_proto_msgTypes[2].OneofWrappers = []any{
 		(*AcquireRequest_NewSession)(nil),
 		(*AcquireRequest_SessionId)(nil),
 		(*AcquireRequest_Resume)(nil),
 	}
-	file_lockbroker_v1_lock_proto_msgTypes[1].OneofWrappers = []any{
+	file_lockbroker_v1_lock_proto_msgTypes[3].OneofWrappers = []any{
 		(*AcquireResponse_Queued)(nil),
 		(*AcquireResponse_Acquired)(nil),
 		(*AcquireResponse_Keepalive)(nil),
@@ -1400,8 +1670,8 @@ func file_lockbroker_v1_lock_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lockbroker_v1_lock_proto_rawDesc), len(file_lockbroker_v1_lock_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   17,
+			NumEnums:      2,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

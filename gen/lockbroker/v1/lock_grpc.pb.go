@@ -25,6 +25,7 @@ const (
 	LockService_GetLock_FullMethodName        = "/lockbroker.v1.LockService/GetLock"
 	LockService_SetValue_FullMethodName       = "/lockbroker.v1.LockService/SetValue"
 	LockService_CheckSequencer_FullMethodName = "/lockbroker.v1.LockService/CheckSequencer"
+	LockService_TryAcquire_FullMethodName     = "/lockbroker.v1.LockService/TryAcquire"
 )
 
 // LockServiceClient is the client API for LockService service.
@@ -82,6 +83,14 @@ type LockServiceClient interface {
 	// of its key (Chubby's CheckSequencer), read consistently, and if not,
 	// who holds the key now.
 	CheckSequencer(ctx context.Context, in *CheckSequencerRequest, opts ...grpc.CallOption) (*CheckSequencerResponse, error)
+	// TryAcquire takes a lock or semaphore slot now, with a client-owned
+	// session (SessionService.CreateSession), and returns at once: no stream
+	// to keep open (cron jobs, shell scripts, grpcurl). The hold lasts until
+	// the client releases it (Release) or the session ends; the client
+	// renews the session. A session that already holds the key gets its
+	// current sequencer back. Errors: ABORTED (LOCK_HELD, with the holders)
+	// when the key is busy, and those of Acquire.
+	TryAcquire(ctx context.Context, in *TryAcquireRequest, opts ...grpc.CallOption) (*TryAcquireResponse, error)
 }
 
 type lockServiceClient struct {
@@ -170,6 +179,16 @@ func (c *lockServiceClient) CheckSequencer(ctx context.Context, in *CheckSequenc
 	return out, nil
 }
 
+func (c *lockServiceClient) TryAcquire(ctx context.Context, in *TryAcquireRequest, opts ...grpc.CallOption) (*TryAcquireResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TryAcquireResponse)
+	err := c.cc.Invoke(ctx, LockService_TryAcquire_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LockServiceServer is the server API for LockService service.
 // All implementations must embed UnimplementedLockServiceServer
 // for forward compatibility.
@@ -225,6 +244,14 @@ type LockServiceServer interface {
 	// of its key (Chubby's CheckSequencer), read consistently, and if not,
 	// who holds the key now.
 	CheckSequencer(context.Context, *CheckSequencerRequest) (*CheckSequencerResponse, error)
+	// TryAcquire takes a lock or semaphore slot now, with a client-owned
+	// session (SessionService.CreateSession), and returns at once: no stream
+	// to keep open (cron jobs, shell scripts, grpcurl). The hold lasts until
+	// the client releases it (Release) or the session ends; the client
+	// renews the session. A session that already holds the key gets its
+	// current sequencer back. Errors: ABORTED (LOCK_HELD, with the holders)
+	// when the key is busy, and those of Acquire.
+	TryAcquire(context.Context, *TryAcquireRequest) (*TryAcquireResponse, error)
 	mustEmbedUnimplementedLockServiceServer()
 }
 
@@ -252,6 +279,9 @@ func (UnimplementedLockServiceServer) SetValue(context.Context, *SetValueRequest
 }
 func (UnimplementedLockServiceServer) CheckSequencer(context.Context, *CheckSequencerRequest) (*CheckSequencerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckSequencer not implemented")
+}
+func (UnimplementedLockServiceServer) TryAcquire(context.Context, *TryAcquireRequest) (*TryAcquireResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TryAcquire not implemented")
 }
 func (UnimplementedLockServiceServer) mustEmbedUnimplementedLockServiceServer() {}
 func (UnimplementedLockServiceServer) testEmbeddedByValue()                     {}
@@ -368,6 +398,24 @@ func _LockService_CheckSequencer_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LockService_TryAcquire_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TryAcquireRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LockServiceServer).TryAcquire(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LockService_TryAcquire_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LockServiceServer).TryAcquire(ctx, req.(*TryAcquireRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LockService_ServiceDesc is the grpc.ServiceDesc for LockService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -390,6 +438,10 @@ var LockService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckSequencer",
 			Handler:    _LockService_CheckSequencer_Handler,
+		},
+		{
+			MethodName: "TryAcquire",
+			Handler:    _LockService_TryAcquire_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

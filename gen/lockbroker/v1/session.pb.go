@@ -23,6 +23,155 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ListSessionsRequest asks for the broker's sessions.
+type ListSessionsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsRequest) Reset() {
+	*x = ListSessionsRequest{}
+	mi := &file_lockbroker_v1_session_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsRequest) ProtoMessage() {}
+
+func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lockbroker_v1_session_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
+func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{0}
+}
+
+// ListSessionsResponse lists sessions.
+type ListSessionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sessions, oldest first.
+	Sessions      []*SessionSummary `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsResponse) Reset() {
+	*x = ListSessionsResponse{}
+	mi := &file_lockbroker_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsResponse) ProtoMessage() {}
+
+func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lockbroker_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
+func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListSessionsResponse) GetSessions() []*SessionSummary {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+// SessionSummary is one session and what it holds.
+type SessionSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session.
+	Session *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// True for a session the broker renews and destroys (created for an
+	// Acquire stream); false for a client-owned one (CreateSession).
+	BrokerOwned bool `protobuf:"varint,2,opt,name=broker_owned,json=brokerOwned,proto3" json:"broker_owned,omitempty"`
+	// The lock keys and semaphore prefixes the session holds, with the
+	// token of each grant.
+	Holds         []*Sequencer `protobuf:"bytes,3,rep,name=holds,proto3" json:"holds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionSummary) Reset() {
+	*x = SessionSummary{}
+	mi := &file_lockbroker_v1_session_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionSummary) ProtoMessage() {}
+
+func (x *SessionSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_lockbroker_v1_session_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionSummary.ProtoReflect.Descriptor instead.
+func (*SessionSummary) Descriptor() ([]byte, []int) {
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SessionSummary) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *SessionSummary) GetBrokerOwned() bool {
+	if x != nil {
+		return x.BrokerOwned
+	}
+	return false
+}
+
+func (x *SessionSummary) GetHolds() []*Sequencer {
+	if x != nil {
+		return x.Holds
+	}
+	return nil
+}
+
 // Session describes a Consul session.
 type Session struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -48,7 +197,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_lockbroker_v1_session_proto_msgTypes[0]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -60,7 +209,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_session_proto_msgTypes[0]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -73,7 +222,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{0}
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Session) GetId() string {
@@ -144,7 +293,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_lockbroker_v1_session_proto_msgTypes[1]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -156,7 +305,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_session_proto_msgTypes[1]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -169,7 +318,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateSessionRequest) GetOptions() *SessionOptions {
@@ -190,7 +339,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_lockbroker_v1_session_proto_msgTypes[2]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -202,7 +351,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_session_proto_msgTypes[2]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -215,7 +364,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateSessionResponse) GetSession() *Session {
@@ -236,7 +385,7 @@ type RenewSessionRequest struct {
 
 func (x *RenewSessionRequest) Reset() {
 	*x = RenewSessionRequest{}
-	mi := &file_lockbroker_v1_session_proto_msgTypes[3]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -248,7 +397,7 @@ func (x *RenewSessionRequest) String() string {
 func (*RenewSessionRequest) ProtoMessage() {}
 
 func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_session_proto_msgTypes[3]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -261,7 +410,7 @@ func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionRequest.ProtoReflect.Descriptor instead.
 func (*RenewSessionRequest) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RenewSessionRequest) GetSessionId() string {
@@ -285,7 +434,7 @@ type RenewSessionResponse struct {
 
 func (x *RenewSessionResponse) Reset() {
 	*x = RenewSessionResponse{}
-	mi := &file_lockbroker_v1_session_proto_msgTypes[4]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +446,7 @@ func (x *RenewSessionResponse) String() string {
 func (*RenewSessionResponse) ProtoMessage() {}
 
 func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_session_proto_msgTypes[4]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +459,7 @@ func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionResponse.ProtoReflect.Descriptor instead.
 func (*RenewSessionResponse) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RenewSessionResponse) GetSession() *Session {
@@ -338,7 +487,7 @@ type DestroySessionRequest struct {
 
 func (x *DestroySessionRequest) Reset() {
 	*x = DestroySessionRequest{}
-	mi := &file_lockbroker_v1_session_proto_msgTypes[5]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +499,7 @@ func (x *DestroySessionRequest) String() string {
 func (*DestroySessionRequest) ProtoMessage() {}
 
 func (x *DestroySessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_session_proto_msgTypes[5]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +512,7 @@ func (x *DestroySessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySessionRequest.ProtoReflect.Descriptor instead.
 func (*DestroySessionRequest) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DestroySessionRequest) GetSessionId() string {
@@ -382,7 +531,7 @@ type DestroySessionResponse struct {
 
 func (x *DestroySessionResponse) Reset() {
 	*x = DestroySessionResponse{}
-	mi := &file_lockbroker_v1_session_proto_msgTypes[6]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +543,7 @@ func (x *DestroySessionResponse) String() string {
 func (*DestroySessionResponse) ProtoMessage() {}
 
 func (x *DestroySessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_session_proto_msgTypes[6]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +556,7 @@ func (x *DestroySessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySessionResponse.ProtoReflect.Descriptor instead.
 func (*DestroySessionResponse) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 // GetSessionRequest asks for a session.
@@ -421,7 +570,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_lockbroker_v1_session_proto_msgTypes[7]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -433,7 +582,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_session_proto_msgTypes[7]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -446,7 +595,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetSessionRequest) GetSessionId() string {
@@ -467,7 +616,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_lockbroker_v1_session_proto_msgTypes[8]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +628,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lockbroker_v1_session_proto_msgTypes[8]
+	mi := &file_lockbroker_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +641,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_lockbroker_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetSessionResponse) GetSession() *Session {
@@ -506,7 +655,14 @@ var File_lockbroker_v1_session_proto protoreflect.FileDescriptor
 
 const file_lockbroker_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x1blockbroker/v1/session.proto\x12\rlockbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x19lockbroker/v1/types.proto\"\x9f\x02\n" +
+	"\x1blockbroker/v1/session.proto\x12\rlockbroker.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x19lockbroker/v1/types.proto\"\x15\n" +
+	"\x13ListSessionsRequest\"Q\n" +
+	"\x14ListSessionsResponse\x129\n" +
+	"\bsessions\x18\x01 \x03(\v2\x1d.lockbroker.v1.SessionSummaryR\bsessions\"\x95\x01\n" +
+	"\x0eSessionSummary\x120\n" +
+	"\asession\x18\x01 \x01(\v2\x16.lockbroker.v1.SessionR\asession\x12!\n" +
+	"\fbroker_owned\x18\x02 \x01(\bR\vbrokerOwned\x12.\n" +
+	"\x05holds\x18\x03 \x03(\v2\x18.lockbroker.v1.SequencerR\x05holds\"\x9f\x02\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12+\n" +
@@ -535,13 +691,14 @@ const file_lockbroker_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\"F\n" +
 	"\x12GetSessionResponse\x120\n" +
-	"\asession\x18\x01 \x01(\v2\x16.lockbroker.v1.SessionR\asession2\xf7\x02\n" +
+	"\asession\x18\x01 \x01(\v2\x16.lockbroker.v1.SessionR\asession2\xd0\x03\n" +
 	"\x0eSessionService\x12Z\n" +
 	"\rCreateSession\x12#.lockbroker.v1.CreateSessionRequest\x1a$.lockbroker.v1.CreateSessionResponse\x12W\n" +
 	"\fRenewSession\x12\".lockbroker.v1.RenewSessionRequest\x1a#.lockbroker.v1.RenewSessionResponse\x12]\n" +
 	"\x0eDestroySession\x12$.lockbroker.v1.DestroySessionRequest\x1a%.lockbroker.v1.DestroySessionResponse\x12Q\n" +
 	"\n" +
-	"GetSession\x12 .lockbroker.v1.GetSessionRequest\x1a!.lockbroker.v1.GetSessionResponseBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3"
+	"GetSession\x12 .lockbroker.v1.GetSessionRequest\x1a!.lockbroker.v1.GetSessionResponse\x12W\n" +
+	"\fListSessions\x12\".lockbroker.v1.ListSessionsRequest\x1a#.lockbroker.v1.ListSessionsResponseBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3"
 
 var (
 	file_lockbroker_v1_session_proto_rawDescOnce sync.Once
@@ -555,43 +712,52 @@ func file_lockbroker_v1_session_proto_rawDescGZIP() []byte {
 	return file_lockbroker_v1_session_proto_rawDescData
 }
 
-var file_lockbroker_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_lockbroker_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_lockbroker_v1_session_proto_goTypes = []any{
-	(*Session)(nil),                // 0: lockbroker.v1.Session
-	(*CreateSessionRequest)(nil),   // 1: lockbroker.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),  // 2: lockbroker.v1.CreateSessionResponse
-	(*RenewSessionRequest)(nil),    // 3: lockbroker.v1.RenewSessionRequest
-	(*RenewSessionResponse)(nil),   // 4: lockbroker.v1.RenewSessionResponse
-	(*DestroySessionRequest)(nil),  // 5: lockbroker.v1.DestroySessionRequest
-	(*DestroySessionResponse)(nil), // 6: lockbroker.v1.DestroySessionResponse
-	(*GetSessionRequest)(nil),      // 7: lockbroker.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),     // 8: lockbroker.v1.GetSessionResponse
-	(*durationpb.Duration)(nil),    // 9: google.protobuf.Duration
-	(SessionBehavior)(0),           // 10: lockbroker.v1.SessionBehavior
-	(*SessionOptions)(nil),         // 11: lockbroker.v1.SessionOptions
+	(*ListSessionsRequest)(nil),    // 0: lockbroker.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),   // 1: lockbroker.v1.ListSessionsResponse
+	(*SessionSummary)(nil),         // 2: lockbroker.v1.SessionSummary
+	(*Session)(nil),                // 3: lockbroker.v1.Session
+	(*CreateSessionRequest)(nil),   // 4: lockbroker.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),  // 5: lockbroker.v1.CreateSessionResponse
+	(*RenewSessionRequest)(nil),    // 6: lockbroker.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),   // 7: lockbroker.v1.RenewSessionResponse
+	(*DestroySessionRequest)(nil),  // 8: lockbroker.v1.DestroySessionRequest
+	(*DestroySessionResponse)(nil), // 9: lockbroker.v1.DestroySessionResponse
+	(*GetSessionRequest)(nil),      // 10: lockbroker.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),     // 11: lockbroker.v1.GetSessionResponse
+	(*Sequencer)(nil),              // 12: lockbroker.v1.Sequencer
+	(*durationpb.Duration)(nil),    // 13: google.protobuf.Duration
+	(SessionBehavior)(0),           // 14: lockbroker.v1.SessionBehavior
+	(*SessionOptions)(nil),         // 15: lockbroker.v1.SessionOptions
 }
 var file_lockbroker_v1_session_proto_depIdxs = []int32{
-	9,  // 0: lockbroker.v1.Session.ttl:type_name -> google.protobuf.Duration
-	9,  // 1: lockbroker.v1.Session.lock_delay:type_name -> google.protobuf.Duration
-	10, // 2: lockbroker.v1.Session.behavior:type_name -> lockbroker.v1.SessionBehavior
-	11, // 3: lockbroker.v1.CreateSessionRequest.options:type_name -> lockbroker.v1.SessionOptions
-	0,  // 4: lockbroker.v1.CreateSessionResponse.session:type_name -> lockbroker.v1.Session
-	0,  // 5: lockbroker.v1.RenewSessionResponse.session:type_name -> lockbroker.v1.Session
-	9,  // 6: lockbroker.v1.RenewSessionResponse.guaranteed_for:type_name -> google.protobuf.Duration
-	0,  // 7: lockbroker.v1.GetSessionResponse.session:type_name -> lockbroker.v1.Session
-	1,  // 8: lockbroker.v1.SessionService.CreateSession:input_type -> lockbroker.v1.CreateSessionRequest
-	3,  // 9: lockbroker.v1.SessionService.RenewSession:input_type -> lockbroker.v1.RenewSessionRequest
-	5,  // 10: lockbroker.v1.SessionService.DestroySession:input_type -> lockbroker.v1.DestroySessionRequest
-	7,  // 11: lockbroker.v1.SessionService.GetSession:input_type -> lockbroker.v1.GetSessionRequest
-	2,  // 12: lockbroker.v1.SessionService.CreateSession:output_type -> lockbroker.v1.CreateSessionResponse
-	4,  // 13: lockbroker.v1.SessionService.RenewSession:output_type -> lockbroker.v1.RenewSessionResponse
-	6,  // 14: lockbroker.v1.SessionService.DestroySession:output_type -> lockbroker.v1.DestroySessionResponse
-	8,  // 15: lockbroker.v1.SessionService.GetSession:output_type -> lockbroker.v1.GetSessionResponse
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	2,  // 0: lockbroker.v1.ListSessionsResponse.sessions:type_name -> lockbroker.v1.SessionSummary
+	3,  // 1: lockbroker.v1.SessionSummary.session:type_name -> lockbroker.v1.Session
+	12, // 2: lockbroker.v1.SessionSummary.holds:type_name -> lockbroker.v1.Sequencer
+	13, // 3: lockbroker.v1.Session.ttl:type_name -> google.protobuf.Duration
+	13, // 4: lockbroker.v1.Session.lock_delay:type_name -> google.protobuf.Duration
+	14, // 5: lockbroker.v1.Session.behavior:type_name -> lockbroker.v1.SessionBehavior
+	15, // 6: lockbroker.v1.CreateSessionRequest.options:type_name -> lockbroker.v1.SessionOptions
+	3,  // 7: lockbroker.v1.CreateSessionResponse.session:type_name -> lockbroker.v1.Session
+	3,  // 8: lockbroker.v1.RenewSessionResponse.session:type_name -> lockbroker.v1.Session
+	13, // 9: lockbroker.v1.RenewSessionResponse.guaranteed_for:type_name -> google.protobuf.Duration
+	3,  // 10: lockbroker.v1.GetSessionResponse.session:type_name -> lockbroker.v1.Session
+	4,  // 11: lockbroker.v1.SessionService.CreateSession:input_type -> lockbroker.v1.CreateSessionRequest
+	6,  // 12: lockbroker.v1.SessionService.RenewSession:input_type -> lockbroker.v1.RenewSessionRequest
+	8,  // 13: lockbroker.v1.SessionService.DestroySession:input_type -> lockbroker.v1.DestroySessionRequest
+	10, // 14: lockbroker.v1.SessionService.GetSession:input_type -> lockbroker.v1.GetSessionRequest
+	0,  // 15: lockbroker.v1.SessionService.ListSessions:input_type -> lockbroker.v1.ListSessionsRequest
+	5,  // 16: lockbroker.v1.SessionService.CreateSession:output_type -> lockbroker.v1.CreateSessionResponse
+	7,  // 17: lockbroker.v1.SessionService.RenewSession:output_type -> lockbroker.v1.RenewSessionResponse
+	9,  // 18: lockbroker.v1.SessionService.DestroySession:output_type -> lockbroker.v1.DestroySessionResponse
+	11, // 19: lockbroker.v1.SessionService.GetSession:output_type -> lockbroker.v1.GetSessionResponse
+	1,  // 20: lockbroker.v1.SessionService.ListSessions:output_type -> lockbroker.v1.ListSessionsResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_lockbroker_v1_session_proto_init() }
@@ -606,7 +772,7 @@ func file_lockbroker_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lockbroker_v1_session_proto_rawDesc), len(file_lockbroker_v1_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

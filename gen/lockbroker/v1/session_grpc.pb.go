@@ -23,6 +23,7 @@ const (
 	SessionService_RenewSession_FullMethodName   = "/lockbroker.v1.SessionService/RenewSession"
 	SessionService_DestroySession_FullMethodName = "/lockbroker.v1.SessionService/DestroySession"
 	SessionService_GetSession_FullMethodName     = "/lockbroker.v1.SessionService/GetSession"
+	SessionService_ListSessions_FullMethodName   = "/lockbroker.v1.SessionService/ListSessions"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -48,6 +49,10 @@ type SessionServiceClient interface {
 	// GetSession describes a session. Errors: NOT_FOUND when it does not
 	// exist.
 	GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error)
+	// ListSessions lists the sessions the broker created (broker-owned and
+	// client-owned), with the keys each one holds through the broker, read
+	// consistently. Sessions created directly in Consul are not listed.
+	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
 }
 
 type sessionServiceClient struct {
@@ -98,6 +103,16 @@ func (c *sessionServiceClient) GetSession(ctx context.Context, in *GetSessionReq
 	return out, nil
 }
 
+func (c *sessionServiceClient) ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSessionsResponse)
+	err := c.cc.Invoke(ctx, SessionService_ListSessions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -121,6 +136,10 @@ type SessionServiceServer interface {
 	// GetSession describes a session. Errors: NOT_FOUND when it does not
 	// exist.
 	GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error)
+	// ListSessions lists the sessions the broker created (broker-owned and
+	// client-owned), with the keys each one holds through the broker, read
+	// consistently. Sessions created directly in Consul are not listed.
+	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -142,6 +161,9 @@ func (UnimplementedSessionServiceServer) DestroySession(context.Context, *Destro
 }
 func (UnimplementedSessionServiceServer) GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetSession not implemented")
+}
+func (UnimplementedSessionServiceServer) ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSessions not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -236,6 +258,24 @@ func _SessionService_GetSession_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SessionService_ListSessions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSessionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionServiceServer).ListSessions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SessionService_ListSessions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionServiceServer).ListSessions(ctx, req.(*ListSessionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -258,6 +298,10 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetSession",
 			Handler:    _SessionService_GetSession_Handler,
+		},
+		{
+			MethodName: "ListSessions",
+			Handler:    _SessionService_ListSessions_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -339,8 +339,8 @@ type Holder struct {
 	Token uint64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
 	// Consul's LockIndex for this holder (see Sequencer.lock_index).
 	LockIndex uint64 `protobuf:"varint,4,opt,name=lock_index,json=lockIndex,proto3" json:"lock_index,omitempty"`
-	// The session's name in Consul. This version of the broker does not read
-	// it and leaves it empty (use SessionService.GetSession).
+	// The session's name in Consul (SessionOptions.name; "lockbroker" by
+	// default). Empty when the session ended before the broker read it.
 	SessionName   string `protobuf:"bytes,5,opt,name=session_name,json=sessionName,proto3" json:"session_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -424,7 +424,11 @@ type LockState struct {
 	// Current holders, oldest grant first. Empty means "no holder": a lock
 	// that is free, a leader that resigned or failed.
 	Holders []*Holder `protobuf:"bytes,4,rep,name=holders,proto3" json:"holders,omitempty"`
-	// The Consul index this state was read at. It grows with every change.
+	// Consul's index of this state: the Raft index of the newest change to
+	// the key (and the entries under it), as Consul reports it for a read of
+	// the key. It comes from Consul, not from the replica, so states of one
+	// key are comparable across replicas of one Consul cluster: a higher
+	// index is a newer state. It is not comparable between different keys.
 	Index         uint64 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -4,13 +4,82 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { Duration } from "@bufbuild/protobuf/wkt";
 import type { LockState, Sequencer, SessionOptions } from "./types_pb.js";
+import type { Duration } from "@bufbuild/protobuf/wkt";
 
 /**
  * Describes the file lockbroker/v1/lock.proto.
  */
 export declare const file_lockbroker_v1_lock: GenFile;
+
+/**
+ * TryAcquireRequest asks for a lock or semaphore slot now, for a
+ * client-owned session.
+ *
+ * @generated from message lockbroker.v1.TryAcquireRequest
+ */
+export declare type TryAcquireRequest = Message<"lockbroker.v1.TryAcquireRequest"> & {
+  /**
+   * The lock key, or the semaphore prefix (see AcquireRequest.key).
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * The holder's value (see AcquireRequest.value). At most 512 KiB.
+   *
+   * @generated from field: bytes value = 2;
+   */
+  value: Uint8Array;
+
+  /**
+   * Slots, as in AcquireRequest.limit.
+   *
+   * @generated from field: uint32 limit = 3;
+   */
+  limit: number;
+
+  /**
+   * The client-owned session that will hold the grant. Required.
+   *
+   * @generated from field: string session_id = 4;
+   */
+  sessionId: string;
+
+  /**
+   * Lock or semaphore, as in AcquireRequest.kind.
+   *
+   * @generated from field: lockbroker.v1.AcquireKind kind = 5;
+   */
+  kind: AcquireKind;
+};
+
+/**
+ * Describes the message lockbroker.v1.TryAcquireRequest.
+ * Use `create(TryAcquireRequestSchema)` to create a new message.
+ */
+export declare const TryAcquireRequestSchema: GenMessage<TryAcquireRequest>;
+
+/**
+ * TryAcquireResponse is the grant.
+ *
+ * @generated from message lockbroker.v1.TryAcquireResponse
+ */
+export declare type TryAcquireResponse = Message<"lockbroker.v1.TryAcquireResponse"> & {
+  /**
+   * The grant: pass its token to protected resources.
+   *
+   * @generated from field: lockbroker.v1.Sequencer sequencer = 1;
+   */
+  sequencer?: Sequencer | undefined;
+};
+
+/**
+ * Describes the message lockbroker.v1.TryAcquireResponse.
+ * Use `create(TryAcquireResponseSchema)` to create a new message.
+ */
+export declare const TryAcquireResponseSchema: GenMessage<TryAcquireResponse>;
 
 /**
  * AcquireRequest asks for a lock or semaphore slot.
@@ -106,6 +175,16 @@ export declare type AcquireRequest = Message<"lockbroker.v1.AcquireRequest"> & {
    * @generated from field: bool fair = 8;
    */
   fair: boolean;
+
+  /**
+   * What to take. UNSPECIFIED (the default) follows `limit`: 0 or 1 is a
+   * lock, more is a semaphore. SEMAPHORE with `limit` 1 is a one-slot
+   * semaphore (Consul's semaphore layout with Limit 1); LOCK requires
+   * `limit` 0 or 1 (INVALID_ARGUMENT otherwise).
+   *
+   * @generated from field: lockbroker.v1.AcquireKind kind = 9;
+   */
+  kind: AcquireKind;
 };
 
 /**
@@ -334,6 +413,19 @@ export declare type ReleaseRequest = Message<"lockbroker.v1.ReleaseRequest"> & {
    * @generated from field: string session_id = 2;
    */
   sessionId: string;
+
+  /**
+   * Optional precondition: the token of the grant to release (from
+   * `acquired.sequencer.token`). Non-zero: the release happens only while
+   * that grant is the session's current hold of the key; otherwise
+   * FAILED_PRECONDITION (NOT_HOLDER) when another grant holds it, or OK
+   * with `released` false when the key is already free. Zero: no
+   * precondition. Clients should always send it: it makes a late retry
+   * harmless even if the session holds the key again by then.
+   *
+   * @generated from field: uint64 token = 3;
+   */
+  token: bigint;
 };
 
 /**
@@ -350,7 +442,8 @@ export declare const ReleaseRequestSchema: GenMessage<ReleaseRequest>;
 export declare type ReleaseResponse = Message<"lockbroker.v1.ReleaseResponse"> & {
   /**
    * True when the session held the key and now does not; false when it was
-   * already released (Release is idempotent for the holder's session).
+   * already released (Release is idempotent for the holder's session: a
+   * retry after success returns OK with false).
    *
    * @generated from field: bool released = 1;
    */
@@ -412,6 +505,15 @@ export declare type WatchResponse = Message<"lockbroker.v1.WatchResponse"> & {
    * @generated from field: uint64 skipped = 2;
    */
   skipped: bigint;
+
+  /**
+   * Prefix watches only: true on the one response (with no `state`) that
+   * follows the initial burst, once the client has the state of every key
+   * under the prefix. Every later response is a change.
+   *
+   * @generated from field: bool snapshot_complete = 3;
+   */
+  snapshotComplete: boolean;
 };
 
 /**
@@ -486,6 +588,15 @@ export declare type SetValueRequest = Message<"lockbroker.v1.SetValueRequest"> &
    * @generated from field: bytes value = 3;
    */
   value: Uint8Array;
+
+  /**
+   * Optional precondition: the token of the grant whose value to change.
+   * Non-zero: FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the
+   * session's current hold of the key. Zero: no precondition.
+   *
+   * @generated from field: uint64 token = 4;
+   */
+  token: bigint;
 };
 
 /**
@@ -563,6 +674,40 @@ export declare type CheckSequencerResponse = Message<"lockbroker.v1.CheckSequenc
 export declare const CheckSequencerResponseSchema: GenMessage<CheckSequencerResponse>;
 
 /**
+ * AcquireKind says whether an Acquire takes a lock or a semaphore slot.
+ *
+ * @generated from enum lockbroker.v1.AcquireKind
+ */
+export enum AcquireKind {
+  /**
+   * Decided by `limit`: 0 or 1 is a lock, more is a semaphore.
+   *
+   * @generated from enum value: ACQUIRE_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * An exclusive lock at `key` (Consul's lock layout).
+   *
+   * @generated from enum value: ACQUIRE_KIND_LOCK = 1;
+   */
+  LOCK = 1,
+
+  /**
+   * A semaphore slot under the prefix `key`, with `limit` slots (1 to
+   * 1024; 0 means 1).
+   *
+   * @generated from enum value: ACQUIRE_KIND_SEMAPHORE = 2;
+   */
+  SEMAPHORE = 2,
+}
+
+/**
+ * Describes the enum lockbroker.v1.AcquireKind.
+ */
+export declare const AcquireKindSchema: GenEnum<AcquireKind>;
+
+/**
  * LostReason says why a hold was lost.
  *
  * @generated from enum lockbroker.v1.LostReason
@@ -616,12 +761,23 @@ export enum LostReason {
   LIMIT_CONFLICT = 5,
 
   /**
-   * The broker is shutting down. Broker-owned holds are released; a client
-   * may resume a hold on a client-owned session elsewhere.
+   * The broker is shutting down. The hold is not released: its session
+   * stays valid (for a broker-owned session, until its TTL runs out) so the
+   * client can resume it on another replica with its sequencer. Holds no
+   * client resumes by the end of the drain are then released.
    *
    * @generated from enum value: LOST_REASON_BROKER_SHUTDOWN = 6;
    */
   BROKER_SHUTDOWN = 6,
+
+  /**
+   * The hold was resumed on another broker replica (an Acquire with
+   * `resume`): that replica now owns the session, and this stream ends
+   * without touching the hold.
+   *
+   * @generated from enum value: LOST_REASON_RESUMED_ELSEWHERE = 7;
+   */
+  RESUMED_ELSEWHERE = 7,
 }
 
 /**
@@ -731,6 +887,22 @@ export declare const LockService: GenService<{
     methodKind: "unary";
     input: typeof CheckSequencerRequestSchema;
     output: typeof CheckSequencerResponseSchema;
+  },
+  /**
+   * TryAcquire takes a lock or semaphore slot now, with a client-owned
+   * session (SessionService.CreateSession), and returns at once: no stream
+   * to keep open (cron jobs, shell scripts, grpcurl). The hold lasts until
+   * the client releases it (Release) or the session ends; the client
+   * renews the session. A session that already holds the key gets its
+   * current sequencer back. Errors: ABORTED (LOCK_HELD, with the holders)
+   * when the key is busy, and those of Acquire.
+   *
+   * @generated from rpc lockbroker.v1.LockService.TryAcquire
+   */
+  tryAcquire: {
+    methodKind: "unary";
+    input: typeof TryAcquireRequestSchema;
+    output: typeof TryAcquireResponseSchema;
   },
 }>;
 

@@ -12,132 +12,160 @@ import { file_lockbroker_v1_types } from "./types_pb.js";
  * Describes the file lockbroker/v1/lock.proto.
  */
 export const file_lockbroker_v1_lock = /*@__PURE__*/
-  fileDesc("Chhsb2NrYnJva2VyL3YxL2xvY2sucHJvdG8SDWxvY2ticm9rZXIudjEiuAIKDkFjcXVpcmVSZXF1ZXN0EhcKA2tleRgBIAEoCUIKukgHcgXI8rYEARIYCgV2YWx1ZRgCIAEoDEIJukgGegQYgIAgEhcKBWxpbWl0GAMgASgNQgi6SAUqAxiACBI/Cgx3YWl0X3RpbWVvdXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CDrpIC6oBCCIECICjBTIAEjQKC25ld19zZXNzaW9uGAUgASgLMh0ubG9ja2Jyb2tlci52MS5TZXNzaW9uT3B0aW9uc0gAEh4KCnNlc3Npb25faWQYBiABKAlCCLpIBXIDsAEBSAASKgoGcmVzdW1lGAcgASgLMhgubG9ja2Jyb2tlci52MS5TZXF1ZW5jZXJIABIMCgRmYWlyGAggASgIQgkKB3Nlc3Npb24ilAIKD0FjcXVpcmVSZXNwb25zZRIuCgZxdWV1ZWQYASABKAsyHC5sb2NrYnJva2VyLnYxLkFjcXVpcmVRdWV1ZWRIABIyCghhY3F1aXJlZBgCIAEoCzIeLmxvY2ticm9rZXIudjEuQWNxdWlyZUFjcXVpcmVkSAASNAoJa2VlcGFsaXZlGAMgASgLMh8ubG9ja2Jyb2tlci52MS5BY3F1aXJlS2VlcGFsaXZlSAASKgoEbG9zdBgEIAEoCzIaLmxvY2ticm9rZXIudjEuQWNxdWlyZUxvc3RIABIyCghyZWxlYXNlZBgFIAEoCzIeLmxvY2ticm9rZXIudjEuQWNxdWlyZVJlbGVhc2VkSABCBwoFZXZlbnQihQEKDUFjcXVpcmVRdWV1ZWQSJwoFc3RhdGUYASABKAsyGC5sb2NrYnJva2VyLnYxLkxvY2tTdGF0ZRI3ChRsb2NrX2RlbGF5X3JlbWFpbmluZxgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgpzZXNzaW9uX2lkGAMgASgJIoIBCg9BY3F1aXJlQWNxdWlyZWQSKwoJc2VxdWVuY2VyGAEgASgLMhgubG9ja2Jyb2tlci52MS5TZXF1ZW5jZXISMQoOZ3VhcmFudGVlZF9mb3IYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDwoHcmVzdW1lZBgDIAEoCCJFChBBY3F1aXJlS2VlcGFsaXZlEjEKDmd1YXJhbnRlZWRfZm9yGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIkgKC0FjcXVpcmVMb3N0EikKBnJlYXNvbhgBIAEoDjIZLmxvY2ticm9rZXIudjEuTG9zdFJlYXNvbhIOCgZkZXRhaWwYAiABKAkiPgoPQWNxdWlyZVJlbGVhc2VkEisKCXNlcXVlbmNlchgBIAEoCzIYLmxvY2ticm9rZXIudjEuU2VxdWVuY2VyIkcKDlJlbGVhc2VSZXF1ZXN0EhcKA2tleRgBIAEoCUIKukgHcgXI8rYEARIcCgpzZXNzaW9uX2lkGAIgASgJQgi6SAVyA7ABASIjCg9SZWxlYXNlUmVzcG9uc2USEAoIcmVsZWFzZWQYASABKAgiNwoMV2F0Y2hSZXF1ZXN0EhcKA2tleRgBIAEoCUIKukgHcgXI8rYEARIOCgZwcmVmaXgYAiABKAgiSQoNV2F0Y2hSZXNwb25zZRInCgVzdGF0ZRgBIAEoCzIYLmxvY2ticm9rZXIudjEuTG9ja1N0YXRlEg8KB3NraXBwZWQYAiABKAQiKQoOR2V0TG9ja1JlcXVlc3QSFwoDa2V5GAEgASgJQgq6SAdyBcjytgQBIjoKD0dldExvY2tSZXNwb25zZRInCgVzdGF0ZRgBIAEoCzIYLmxvY2ticm9rZXIudjEuTG9ja1N0YXRlImIKD1NldFZhbHVlUmVxdWVzdBIXCgNrZXkYASABKAlCCrpIB3IFyPK2BAESHAoKc2Vzc2lvbl9pZBgCIAEoCUIIukgFcgOwAQESGAoFdmFsdWUYAyABKAxCCbpIBnoEGICAICI/ChBTZXRWYWx1ZVJlc3BvbnNlEisKCXNlcXVlbmNlchgBIAEoCzIYLmxvY2ticm9rZXIudjEuU2VxdWVuY2VyIkwKFUNoZWNrU2VxdWVuY2VyUmVxdWVzdBIzCglzZXF1ZW5jZXIYASABKAsyGC5sb2NrYnJva2VyLnYxLlNlcXVlbmNlckIGukgDyAEBIlIKFkNoZWNrU2VxdWVuY2VyUmVzcG9uc2USDwoHY3VycmVudBgBIAEoCBInCgVzdGF0ZRgCIAEoCzIYLmxvY2ticm9rZXIudjEuTG9ja1N0YXRlKvQBCgpMb3N0UmVhc29uEhsKF0xPU1RfUkVBU09OX1VOU1BFQ0lGSUVEEAASIwofTE9TVF9SRUFTT05fU0VTU0lPTl9JTlZBTElEQVRFRBABEiEKHUxPU1RfUkVBU09OX1JFTEVBU0VEX0JZX09USEVSEAISIAocTE9TVF9SRUFTT05fREVMRVRFRF9CWV9PVEhFUhADEh4KGkxPU1RfUkVBU09OX1JFTkVXQUxfRkFJTEVEEAQSHgoaTE9TVF9SRUFTT05fTElNSVRfQ09ORkxJQ1QQBRIfChtMT1NUX1JFQVNPTl9CUk9LRVJfU0hVVERPV04QBjLfAwoLTG9ja1NlcnZpY2USSgoHQWNxdWlyZRIdLmxvY2ticm9rZXIudjEuQWNxdWlyZVJlcXVlc3QaHi5sb2NrYnJva2VyLnYxLkFjcXVpcmVSZXNwb25zZTABEkgKB1JlbGVhc2USHS5sb2NrYnJva2VyLnYxLlJlbGVhc2VSZXF1ZXN0Gh4ubG9ja2Jyb2tlci52MS5SZWxlYXNlUmVzcG9uc2USRAoFV2F0Y2gSGy5sb2NrYnJva2VyLnYxLldhdGNoUmVxdWVzdBocLmxvY2ticm9rZXIudjEuV2F0Y2hSZXNwb25zZTABEkgKB0dldExvY2sSHS5sb2NrYnJva2VyLnYxLkdldExvY2tSZXF1ZXN0Gh4ubG9ja2Jyb2tlci52MS5HZXRMb2NrUmVzcG9uc2USSwoIU2V0VmFsdWUSHi5sb2NrYnJva2VyLnYxLlNldFZhbHVlUmVxdWVzdBofLmxvY2ticm9rZXIudjEuU2V0VmFsdWVSZXNwb25zZRJdCg5DaGVja1NlcXVlbmNlchIkLmxvY2ticm9rZXIudjEuQ2hlY2tTZXF1ZW5jZXJSZXF1ZXN0GiUubG9ja2Jyb2tlci52MS5DaGVja1NlcXVlbmNlclJlc3BvbnNlQkFaP2dpdGh1Yi5jb20vbG9ja2Jyb2tlci9sb2NrYnJva2VyL2dlbi9sb2NrYnJva2VyL3YxO2xvY2ticm9rZXJ2MWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_lockbroker_v1_key, file_lockbroker_v1_types]);
+  fileDesc("Chhsb2NrYnJva2VyL3YxL2xvY2sucHJvdG8SDWxvY2ticm9rZXIudjEisQEKEVRyeUFjcXVpcmVSZXF1ZXN0EhcKA2tleRgBIAEoCUIKukgHcgXI8rYEARIYCgV2YWx1ZRgCIAEoDEIJukgGegQYgIAgEhcKBWxpbWl0GAMgASgNQgi6SAUqAxiACBIcCgpzZXNzaW9uX2lkGAQgASgJQgi6SAVyA7ABARIyCgRraW5kGAUgASgOMhoubG9ja2Jyb2tlci52MS5BY3F1aXJlS2luZEIIukgFggECEAEiQQoSVHJ5QWNxdWlyZVJlc3BvbnNlEisKCXNlcXVlbmNlchgBIAEoCzIYLmxvY2ticm9rZXIudjEuU2VxdWVuY2VyIuwCCg5BY3F1aXJlUmVxdWVzdBIXCgNrZXkYASABKAlCCrpIB3IFyPK2BAESGAoFdmFsdWUYAiABKAxCCbpIBnoEGICAIBIXCgVsaW1pdBgDIAEoDUIIukgFKgMYgAgSPwoMd2FpdF90aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQg66SAuqAQgiBAiAowUyABI0CgtuZXdfc2Vzc2lvbhgFIAEoCzIdLmxvY2ticm9rZXIudjEuU2Vzc2lvbk9wdGlvbnNIABIeCgpzZXNzaW9uX2lkGAYgASgJQgi6SAVyA7ABAUgAEioKBnJlc3VtZRgHIAEoCzIYLmxvY2ticm9rZXIudjEuU2VxdWVuY2VySAASDAoEZmFpchgIIAEoCBIyCgRraW5kGAkgASgOMhoubG9ja2Jyb2tlci52MS5BY3F1aXJlS2luZEIIukgFggECEAFCCQoHc2Vzc2lvbiKUAgoPQWNxdWlyZVJlc3BvbnNlEi4KBnF1ZXVlZBgBIAEoCzIcLmxvY2ticm9rZXIudjEuQWNxdWlyZVF1ZXVlZEgAEjIKCGFjcXVpcmVkGAIgASgLMh4ubG9ja2Jyb2tlci52MS5BY3F1aXJlQWNxdWlyZWRIABI0CglrZWVwYWxpdmUYAyABKAsyHy5sb2NrYnJva2VyLnYxLkFjcXVpcmVLZWVwYWxpdmVIABIqCgRsb3N0GAQgASgLMhoubG9ja2Jyb2tlci52MS5BY3F1aXJlTG9zdEgAEjIKCHJlbGVhc2VkGAUgASgLMh4ubG9ja2Jyb2tlci52MS5BY3F1aXJlUmVsZWFzZWRIAEIHCgVldmVudCKFAQoNQWNxdWlyZVF1ZXVlZBInCgVzdGF0ZRgBIAEoCzIYLmxvY2ticm9rZXIudjEuTG9ja1N0YXRlEjcKFGxvY2tfZGVsYXlfcmVtYWluaW5nGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCnNlc3Npb25faWQYAyABKAkiggEKD0FjcXVpcmVBY3F1aXJlZBIrCglzZXF1ZW5jZXIYASABKAsyGC5sb2NrYnJva2VyLnYxLlNlcXVlbmNlchIxCg5ndWFyYW50ZWVkX2ZvchgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdyZXN1bWVkGAMgASgIIkUKEEFjcXVpcmVLZWVwYWxpdmUSMQoOZ3VhcmFudGVlZF9mb3IYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSAoLQWNxdWlyZUxvc3QSKQoGcmVhc29uGAEgASgOMhkubG9ja2Jyb2tlci52MS5Mb3N0UmVhc29uEg4KBmRldGFpbBgCIAEoCSI+Cg9BY3F1aXJlUmVsZWFzZWQSKwoJc2VxdWVuY2VyGAEgASgLMhgubG9ja2Jyb2tlci52MS5TZXF1ZW5jZXIiVgoOUmVsZWFzZVJlcXVlc3QSFwoDa2V5GAEgASgJQgq6SAdyBcjytgQBEhwKCnNlc3Npb25faWQYAiABKAlCCLpIBXIDsAEBEg0KBXRva2VuGAMgASgEIiMKD1JlbGVhc2VSZXNwb25zZRIQCghyZWxlYXNlZBgBIAEoCCI3CgxXYXRjaFJlcXVlc3QSFwoDa2V5GAEgASgJQgq6SAdyBcjytgQBEg4KBnByZWZpeBgCIAEoCCJkCg1XYXRjaFJlc3BvbnNlEicKBXN0YXRlGAEgASgLMhgubG9ja2Jyb2tlci52MS5Mb2NrU3RhdGUSDwoHc2tpcHBlZBgCIAEoBBIZChFzbmFwc2hvdF9jb21wbGV0ZRgDIAEoCCIpCg5HZXRMb2NrUmVxdWVzdBIXCgNrZXkYASABKAlCCrpIB3IFyPK2BAEiOgoPR2V0TG9ja1Jlc3BvbnNlEicKBXN0YXRlGAEgASgLMhgubG9ja2Jyb2tlci52MS5Mb2NrU3RhdGUicQoPU2V0VmFsdWVSZXF1ZXN0EhcKA2tleRgBIAEoCUIKukgHcgXI8rYEARIcCgpzZXNzaW9uX2lkGAIgASgJQgi6SAVyA7ABARIYCgV2YWx1ZRgDIAEoDEIJukgGegQYgIAgEg0KBXRva2VuGAQgASgEIj8KEFNldFZhbHVlUmVzcG9uc2USKwoJc2VxdWVuY2VyGAEgASgLMhgubG9ja2Jyb2tlci52MS5TZXF1ZW5jZXIiTAoVQ2hlY2tTZXF1ZW5jZXJSZXF1ZXN0EjMKCXNlcXVlbmNlchgBIAEoCzIYLmxvY2ticm9rZXIudjEuU2VxdWVuY2VyQga6SAPIAQEiUgoWQ2hlY2tTZXF1ZW5jZXJSZXNwb25zZRIPCgdjdXJyZW50GAEgASgIEicKBXN0YXRlGAIgASgLMhgubG9ja2Jyb2tlci52MS5Mb2NrU3RhdGUqXgoLQWNxdWlyZUtpbmQSHAoYQUNRVUlSRV9LSU5EX1VOU1BFQ0lGSUVEEAASFQoRQUNRVUlSRV9LSU5EX0xPQ0sQARIaChZBQ1FVSVJFX0tJTkRfU0VNQVBIT1JFEAIqlwIKCkxvc3RSZWFzb24SGwoXTE9TVF9SRUFTT05fVU5TUEVDSUZJRUQQABIjCh9MT1NUX1JFQVNPTl9TRVNTSU9OX0lOVkFMSURBVEVEEAESIQodTE9TVF9SRUFTT05fUkVMRUFTRURfQllfT1RIRVIQAhIgChxMT1NUX1JFQVNPTl9ERUxFVEVEX0JZX09USEVSEAMSHgoaTE9TVF9SRUFTT05fUkVORVdBTF9GQUlMRUQQBBIeChpMT1NUX1JFQVNPTl9MSU1JVF9DT05GTElDVBAFEh8KG0xPU1RfUkVBU09OX0JST0tFUl9TSFVURE9XThAGEiEKHUxPU1RfUkVBU09OX1JFU1VNRURfRUxTRVdIRVJFEAcysgQKC0xvY2tTZXJ2aWNlEkoKB0FjcXVpcmUSHS5sb2NrYnJva2VyLnYxLkFjcXVpcmVSZXF1ZXN0Gh4ubG9ja2Jyb2tlci52MS5BY3F1aXJlUmVzcG9uc2UwARJICgdSZWxlYXNlEh0ubG9ja2Jyb2tlci52MS5SZWxlYXNlUmVxdWVzdBoeLmxvY2ticm9rZXIudjEuUmVsZWFzZVJlc3BvbnNlEkQKBVdhdGNoEhsubG9ja2Jyb2tlci52MS5XYXRjaFJlcXVlc3QaHC5sb2NrYnJva2VyLnYxLldhdGNoUmVzcG9uc2UwARJICgdHZXRMb2NrEh0ubG9ja2Jyb2tlci52MS5HZXRMb2NrUmVxdWVzdBoeLmxvY2ticm9rZXIudjEuR2V0TG9ja1Jlc3BvbnNlEksKCFNldFZhbHVlEh4ubG9ja2Jyb2tlci52MS5TZXRWYWx1ZVJlcXVlc3QaHy5sb2NrYnJva2VyLnYxLlNldFZhbHVlUmVzcG9uc2USXQoOQ2hlY2tTZXF1ZW5jZXISJC5sb2NrYnJva2VyLnYxLkNoZWNrU2VxdWVuY2VyUmVxdWVzdBolLmxvY2ticm9rZXIudjEuQ2hlY2tTZXF1ZW5jZXJSZXNwb25zZRJRCgpUcnlBY3F1aXJlEiAubG9ja2Jyb2tlci52MS5UcnlBY3F1aXJlUmVxdWVzdBohLmxvY2ticm9rZXIudjEuVHJ5QWNxdWlyZVJlc3BvbnNlQkFaP2dpdGh1Yi5jb20vbG9ja2Jyb2tlci9sb2NrYnJva2VyL2dlbi9sb2NrYnJva2VyL3YxO2xvY2ticm9rZXJ2MWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_lockbroker_v1_key, file_lockbroker_v1_types]);
+
+/**
+ * Describes the message lockbroker.v1.TryAcquireRequest.
+ * Use `create(TryAcquireRequestSchema)` to create a new message.
+ */
+export const TryAcquireRequestSchema = /*@__PURE__*/
+  messageDesc(file_lockbroker_v1_lock, 0);
+
+/**
+ * Describes the message lockbroker.v1.TryAcquireResponse.
+ * Use `create(TryAcquireResponseSchema)` to create a new message.
+ */
+export const TryAcquireResponseSchema = /*@__PURE__*/
+  messageDesc(file_lockbroker_v1_lock, 1);
 
 /**
  * Describes the message lockbroker.v1.AcquireRequest.
  * Use `create(AcquireRequestSchema)` to create a new message.
  */
 export const AcquireRequestSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 0);
+  messageDesc(file_lockbroker_v1_lock, 2);
 
 /**
  * Describes the message lockbroker.v1.AcquireResponse.
  * Use `create(AcquireResponseSchema)` to create a new message.
  */
 export const AcquireResponseSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 1);
+  messageDesc(file_lockbroker_v1_lock, 3);
 
 /**
  * Describes the message lockbroker.v1.AcquireQueued.
  * Use `create(AcquireQueuedSchema)` to create a new message.
  */
 export const AcquireQueuedSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 2);
+  messageDesc(file_lockbroker_v1_lock, 4);
 
 /**
  * Describes the message lockbroker.v1.AcquireAcquired.
  * Use `create(AcquireAcquiredSchema)` to create a new message.
  */
 export const AcquireAcquiredSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 3);
+  messageDesc(file_lockbroker_v1_lock, 5);
 
 /**
  * Describes the message lockbroker.v1.AcquireKeepalive.
  * Use `create(AcquireKeepaliveSchema)` to create a new message.
  */
 export const AcquireKeepaliveSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 4);
+  messageDesc(file_lockbroker_v1_lock, 6);
 
 /**
  * Describes the message lockbroker.v1.AcquireLost.
  * Use `create(AcquireLostSchema)` to create a new message.
  */
 export const AcquireLostSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 5);
+  messageDesc(file_lockbroker_v1_lock, 7);
 
 /**
  * Describes the message lockbroker.v1.AcquireReleased.
  * Use `create(AcquireReleasedSchema)` to create a new message.
  */
 export const AcquireReleasedSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 6);
+  messageDesc(file_lockbroker_v1_lock, 8);
 
 /**
  * Describes the message lockbroker.v1.ReleaseRequest.
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 7);
+  messageDesc(file_lockbroker_v1_lock, 9);
 
 /**
  * Describes the message lockbroker.v1.ReleaseResponse.
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 8);
+  messageDesc(file_lockbroker_v1_lock, 10);
 
 /**
  * Describes the message lockbroker.v1.WatchRequest.
  * Use `create(WatchRequestSchema)` to create a new message.
  */
 export const WatchRequestSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 9);
+  messageDesc(file_lockbroker_v1_lock, 11);
 
 /**
  * Describes the message lockbroker.v1.WatchResponse.
  * Use `create(WatchResponseSchema)` to create a new message.
  */
 export const WatchResponseSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 10);
+  messageDesc(file_lockbroker_v1_lock, 12);
 
 /**
  * Describes the message lockbroker.v1.GetLockRequest.
  * Use `create(GetLockRequestSchema)` to create a new message.
  */
 export const GetLockRequestSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 11);
+  messageDesc(file_lockbroker_v1_lock, 13);
 
 /**
  * Describes the message lockbroker.v1.GetLockResponse.
  * Use `create(GetLockResponseSchema)` to create a new message.
  */
 export const GetLockResponseSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 12);
+  messageDesc(file_lockbroker_v1_lock, 14);
 
 /**
  * Describes the message lockbroker.v1.SetValueRequest.
  * Use `create(SetValueRequestSchema)` to create a new message.
  */
 export const SetValueRequestSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 13);
+  messageDesc(file_lockbroker_v1_lock, 15);
 
 /**
  * Describes the message lockbroker.v1.SetValueResponse.
  * Use `create(SetValueResponseSchema)` to create a new message.
  */
 export const SetValueResponseSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 14);
+  messageDesc(file_lockbroker_v1_lock, 16);
 
 /**
  * Describes the message lockbroker.v1.CheckSequencerRequest.
  * Use `create(CheckSequencerRequestSchema)` to create a new message.
  */
 export const CheckSequencerRequestSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 15);
+  messageDesc(file_lockbroker_v1_lock, 17);
 
 /**
  * Describes the message lockbroker.v1.CheckSequencerResponse.
  * Use `create(CheckSequencerResponseSchema)` to create a new message.
  */
 export const CheckSequencerResponseSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_lock, 16);
+  messageDesc(file_lockbroker_v1_lock, 18);
+
+/**
+ * Describes the enum lockbroker.v1.AcquireKind.
+ */
+export const AcquireKindSchema = /*@__PURE__*/
+  enumDesc(file_lockbroker_v1_lock, 0);
+
+/**
+ * AcquireKind says whether an Acquire takes a lock or a semaphore slot.
+ *
+ * @generated from enum lockbroker.v1.AcquireKind
+ */
+export const AcquireKind = /*@__PURE__*/
+  tsEnum(AcquireKindSchema);
 
 /**
  * Describes the enum lockbroker.v1.LostReason.
  */
 export const LostReasonSchema = /*@__PURE__*/
-  enumDesc(file_lockbroker_v1_lock, 0);
+  enumDesc(file_lockbroker_v1_lock, 1);
 
 /**
  * LostReason says why a hold was lost.

@@ -4,13 +4,83 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
+import type { Sequencer, SessionBehavior, SessionOptions } from "./types_pb.js";
 import type { Duration } from "@bufbuild/protobuf/wkt";
-import type { SessionBehavior, SessionOptions } from "./types_pb.js";
 
 /**
  * Describes the file lockbroker/v1/session.proto.
  */
 export declare const file_lockbroker_v1_session: GenFile;
+
+/**
+ * ListSessionsRequest asks for the broker's sessions.
+ *
+ * @generated from message lockbroker.v1.ListSessionsRequest
+ */
+export declare type ListSessionsRequest = Message<"lockbroker.v1.ListSessionsRequest"> & {
+};
+
+/**
+ * Describes the message lockbroker.v1.ListSessionsRequest.
+ * Use `create(ListSessionsRequestSchema)` to create a new message.
+ */
+export declare const ListSessionsRequestSchema: GenMessage<ListSessionsRequest>;
+
+/**
+ * ListSessionsResponse lists sessions.
+ *
+ * @generated from message lockbroker.v1.ListSessionsResponse
+ */
+export declare type ListSessionsResponse = Message<"lockbroker.v1.ListSessionsResponse"> & {
+  /**
+   * The sessions, oldest first.
+   *
+   * @generated from field: repeated lockbroker.v1.SessionSummary sessions = 1;
+   */
+  sessions: SessionSummary[];
+};
+
+/**
+ * Describes the message lockbroker.v1.ListSessionsResponse.
+ * Use `create(ListSessionsResponseSchema)` to create a new message.
+ */
+export declare const ListSessionsResponseSchema: GenMessage<ListSessionsResponse>;
+
+/**
+ * SessionSummary is one session and what it holds.
+ *
+ * @generated from message lockbroker.v1.SessionSummary
+ */
+export declare type SessionSummary = Message<"lockbroker.v1.SessionSummary"> & {
+  /**
+   * The session.
+   *
+   * @generated from field: lockbroker.v1.Session session = 1;
+   */
+  session?: Session | undefined;
+
+  /**
+   * True for a session the broker renews and destroys (created for an
+   * Acquire stream); false for a client-owned one (CreateSession).
+   *
+   * @generated from field: bool broker_owned = 2;
+   */
+  brokerOwned: boolean;
+
+  /**
+   * The lock keys and semaphore prefixes the session holds, with the
+   * token of each grant.
+   *
+   * @generated from field: repeated lockbroker.v1.Sequencer holds = 3;
+   */
+  holds: Sequencer[];
+};
+
+/**
+ * Describes the message lockbroker.v1.SessionSummary.
+ * Use `create(SessionSummarySchema)` to create a new message.
+ */
+export declare const SessionSummarySchema: GenMessage<SessionSummary>;
 
 /**
  * Session describes a Consul session.
@@ -298,6 +368,18 @@ export declare const SessionService: GenService<{
     methodKind: "unary";
     input: typeof GetSessionRequestSchema;
     output: typeof GetSessionResponseSchema;
+  },
+  /**
+   * ListSessions lists the sessions the broker created (broker-owned and
+   * client-owned), with the keys each one holds through the broker, read
+   * consistently. Sessions created directly in Consul are not listed.
+   *
+   * @generated from rpc lockbroker.v1.SessionService.ListSessions
+   */
+  listSessions: {
+    methodKind: "unary";
+    input: typeof ListSessionsRequestSchema;
+    output: typeof ListSessionsResponseSchema;
   },
 }>;
 

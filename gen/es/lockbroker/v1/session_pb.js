@@ -11,70 +11,91 @@ import { file_lockbroker_v1_types } from "./types_pb.js";
  * Describes the file lockbroker/v1/session.proto.
  */
 export const file_lockbroker_v1_session = /*@__PURE__*/
-  fileDesc("Chtsb2NrYnJva2VyL3YxL3Nlc3Npb24ucHJvdG8SDWxvY2ticm9rZXIudjEi4AEKB1Nlc3Npb24SCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRImCgN0dGwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLQoKbG9ja19kZWxheRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIwCghiZWhhdmlvchgFIAEoDjIeLmxvY2ticm9rZXIudjEuU2Vzc2lvbkJlaGF2aW9yEgwKBG5vZGUYBiABKAkSDgoGY2hlY2tzGAcgAygJEhQKDGNyZWF0ZV9pbmRleBgIIAEoBCJGChRDcmVhdGVTZXNzaW9uUmVxdWVzdBIuCgdvcHRpb25zGAEgASgLMh0ubG9ja2Jyb2tlci52MS5TZXNzaW9uT3B0aW9ucyJAChVDcmVhdGVTZXNzaW9uUmVzcG9uc2USJwoHc2Vzc2lvbhgBIAEoCzIWLmxvY2ticm9rZXIudjEuU2Vzc2lvbiIzChNSZW5ld1Nlc3Npb25SZXF1ZXN0EhwKCnNlc3Npb25faWQYASABKAlCCLpIBXIDsAEBInIKFFJlbmV3U2Vzc2lvblJlc3BvbnNlEicKB3Nlc3Npb24YASABKAsyFi5sb2NrYnJva2VyLnYxLlNlc3Npb24SMQoOZ3VhcmFudGVlZF9mb3IYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iNQoVRGVzdHJveVNlc3Npb25SZXF1ZXN0EhwKCnNlc3Npb25faWQYASABKAlCCLpIBXIDsAEBIhgKFkRlc3Ryb3lTZXNzaW9uUmVzcG9uc2UiMQoRR2V0U2Vzc2lvblJlcXVlc3QSHAoKc2Vzc2lvbl9pZBgBIAEoCUIIukgFcgOwAQEiPQoSR2V0U2Vzc2lvblJlc3BvbnNlEicKB3Nlc3Npb24YASABKAsyFi5sb2NrYnJva2VyLnYxLlNlc3Npb24y9wIKDlNlc3Npb25TZXJ2aWNlEloKDUNyZWF0ZVNlc3Npb24SIy5sb2NrYnJva2VyLnYxLkNyZWF0ZVNlc3Npb25SZXF1ZXN0GiQubG9ja2Jyb2tlci52MS5DcmVhdGVTZXNzaW9uUmVzcG9uc2USVwoMUmVuZXdTZXNzaW9uEiIubG9ja2Jyb2tlci52MS5SZW5ld1Nlc3Npb25SZXF1ZXN0GiMubG9ja2Jyb2tlci52MS5SZW5ld1Nlc3Npb25SZXNwb25zZRJdCg5EZXN0cm95U2Vzc2lvbhIkLmxvY2ticm9rZXIudjEuRGVzdHJveVNlc3Npb25SZXF1ZXN0GiUubG9ja2Jyb2tlci52MS5EZXN0cm95U2Vzc2lvblJlc3BvbnNlElEKCkdldFNlc3Npb24SIC5sb2NrYnJva2VyLnYxLkdldFNlc3Npb25SZXF1ZXN0GiEubG9ja2Jyb2tlci52MS5HZXRTZXNzaW9uUmVzcG9uc2VCQVo/Z2l0aHViLmNvbS9sb2NrYnJva2VyL2xvY2ticm9rZXIvZ2VuL2xvY2ticm9rZXIvdjE7bG9ja2Jyb2tlcnYxYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_duration, file_lockbroker_v1_types]);
+  fileDesc("Chtsb2NrYnJva2VyL3YxL3Nlc3Npb24ucHJvdG8SDWxvY2ticm9rZXIudjEiFQoTTGlzdFNlc3Npb25zUmVxdWVzdCJHChRMaXN0U2Vzc2lvbnNSZXNwb25zZRIvCghzZXNzaW9ucxgBIAMoCzIdLmxvY2ticm9rZXIudjEuU2Vzc2lvblN1bW1hcnkieAoOU2Vzc2lvblN1bW1hcnkSJwoHc2Vzc2lvbhgBIAEoCzIWLmxvY2ticm9rZXIudjEuU2Vzc2lvbhIUCgxicm9rZXJfb3duZWQYAiABKAgSJwoFaG9sZHMYAyADKAsyGC5sb2NrYnJva2VyLnYxLlNlcXVlbmNlciLgAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhItCgpsb2NrX2RlbGF5GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjAKCGJlaGF2aW9yGAUgASgOMh4ubG9ja2Jyb2tlci52MS5TZXNzaW9uQmVoYXZpb3ISDAoEbm9kZRgGIAEoCRIOCgZjaGVja3MYByADKAkSFAoMY3JlYXRlX2luZGV4GAggASgEIkYKFENyZWF0ZVNlc3Npb25SZXF1ZXN0Ei4KB29wdGlvbnMYASABKAsyHS5sb2NrYnJva2VyLnYxLlNlc3Npb25PcHRpb25zIkAKFUNyZWF0ZVNlc3Npb25SZXNwb25zZRInCgdzZXNzaW9uGAEgASgLMhYubG9ja2Jyb2tlci52MS5TZXNzaW9uIjMKE1JlbmV3U2Vzc2lvblJlcXVlc3QSHAoKc2Vzc2lvbl9pZBgBIAEoCUIIukgFcgOwAQEicgoUUmVuZXdTZXNzaW9uUmVzcG9uc2USJwoHc2Vzc2lvbhgBIAEoCzIWLmxvY2ticm9rZXIudjEuU2Vzc2lvbhIxCg5ndWFyYW50ZWVkX2ZvchgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI1ChVEZXN0cm95U2Vzc2lvblJlcXVlc3QSHAoKc2Vzc2lvbl9pZBgBIAEoCUIIukgFcgOwAQEiGAoWRGVzdHJveVNlc3Npb25SZXNwb25zZSIxChFHZXRTZXNzaW9uUmVxdWVzdBIcCgpzZXNzaW9uX2lkGAEgASgJQgi6SAVyA7ABASI9ChJHZXRTZXNzaW9uUmVzcG9uc2USJwoHc2Vzc2lvbhgBIAEoCzIWLmxvY2ticm9rZXIudjEuU2Vzc2lvbjLQAwoOU2Vzc2lvblNlcnZpY2USWgoNQ3JlYXRlU2Vzc2lvbhIjLmxvY2ticm9rZXIudjEuQ3JlYXRlU2Vzc2lvblJlcXVlc3QaJC5sb2NrYnJva2VyLnYxLkNyZWF0ZVNlc3Npb25SZXNwb25zZRJXCgxSZW5ld1Nlc3Npb24SIi5sb2NrYnJva2VyLnYxLlJlbmV3U2Vzc2lvblJlcXVlc3QaIy5sb2NrYnJva2VyLnYxLlJlbmV3U2Vzc2lvblJlc3BvbnNlEl0KDkRlc3Ryb3lTZXNzaW9uEiQubG9ja2Jyb2tlci52MS5EZXN0cm95U2Vzc2lvblJlcXVlc3QaJS5sb2NrYnJva2VyLnYxLkRlc3Ryb3lTZXNzaW9uUmVzcG9uc2USUQoKR2V0U2Vzc2lvbhIgLmxvY2ticm9rZXIudjEuR2V0U2Vzc2lvblJlcXVlc3QaIS5sb2NrYnJva2VyLnYxLkdldFNlc3Npb25SZXNwb25zZRJXCgxMaXN0U2Vzc2lvbnMSIi5sb2NrYnJva2VyLnYxLkxpc3RTZXNzaW9uc1JlcXVlc3QaIy5sb2NrYnJva2VyLnYxLkxpc3RTZXNzaW9uc1Jlc3BvbnNlQkFaP2dpdGh1Yi5jb20vbG9ja2Jyb2tlci9sb2NrYnJva2VyL2dlbi9sb2NrYnJva2VyL3YxO2xvY2ticm9rZXJ2MWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_duration, file_lockbroker_v1_types]);
+
+/**
+ * Describes the message lockbroker.v1.ListSessionsRequest.
+ * Use `create(ListSessionsRequestSchema)` to create a new message.
+ */
+export const ListSessionsRequestSchema = /*@__PURE__*/
+  messageDesc(file_lockbroker_v1_session, 0);
+
+/**
+ * Describes the message lockbroker.v1.ListSessionsResponse.
+ * Use `create(ListSessionsResponseSchema)` to create a new message.
+ */
+export const ListSessionsResponseSchema = /*@__PURE__*/
+  messageDesc(file_lockbroker_v1_session, 1);
+
+/**
+ * Describes the message lockbroker.v1.SessionSummary.
+ * Use `create(SessionSummarySchema)` to create a new message.
+ */
+export const SessionSummarySchema = /*@__PURE__*/
+  messageDesc(file_lockbroker_v1_session, 2);
 
 /**
  * Describes the message lockbroker.v1.Session.
  * Use `create(SessionSchema)` to create a new message.
  */
 export const SessionSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_session, 0);
+  messageDesc(file_lockbroker_v1_session, 3);
 
 /**
  * Describes the message lockbroker.v1.CreateSessionRequest.
  * Use `create(CreateSessionRequestSchema)` to create a new message.
  */
 export const CreateSessionRequestSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_session, 1);
+  messageDesc(file_lockbroker_v1_session, 4);
 
 /**
  * Describes the message lockbroker.v1.CreateSessionResponse.
  * Use `create(CreateSessionResponseSchema)` to create a new message.
  */
 export const CreateSessionResponseSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_session, 2);
+  messageDesc(file_lockbroker_v1_session, 5);
 
 /**
  * Describes the message lockbroker.v1.RenewSessionRequest.
  * Use `create(RenewSessionRequestSchema)` to create a new message.
  */
 export const RenewSessionRequestSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_session, 3);
+  messageDesc(file_lockbroker_v1_session, 6);
 
 /**
  * Describes the message lockbroker.v1.RenewSessionResponse.
  * Use `create(RenewSessionResponseSchema)` to create a new message.
  */
 export const RenewSessionResponseSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_session, 4);
+  messageDesc(file_lockbroker_v1_session, 7);
 
 /**
  * Describes the message lockbroker.v1.DestroySessionRequest.
  * Use `create(DestroySessionRequestSchema)` to create a new message.
  */
 export const DestroySessionRequestSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_session, 5);
+  messageDesc(file_lockbroker_v1_session, 8);
 
 /**
  * Describes the message lockbroker.v1.DestroySessionResponse.
  * Use `create(DestroySessionResponseSchema)` to create a new message.
  */
 export const DestroySessionResponseSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_session, 6);
+  messageDesc(file_lockbroker_v1_session, 9);
 
 /**
  * Describes the message lockbroker.v1.GetSessionRequest.
  * Use `create(GetSessionRequestSchema)` to create a new message.
  */
 export const GetSessionRequestSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_session, 7);
+  messageDesc(file_lockbroker_v1_session, 10);
 
 /**
  * Describes the message lockbroker.v1.GetSessionResponse.
  * Use `create(GetSessionResponseSchema)` to create a new message.
  */
 export const GetSessionResponseSchema = /*@__PURE__*/
-  messageDesc(file_lockbroker_v1_session, 8);
+  messageDesc(file_lockbroker_v1_session, 11);
 
 /**
  * SessionService manages Consul sessions for clients that cannot hold a

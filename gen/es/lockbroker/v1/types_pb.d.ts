@@ -166,8 +166,8 @@ export declare type Holder = Message<"lockbroker.v1.Holder"> & {
   lockIndex: bigint;
 
   /**
-   * The session's name in Consul. This version of the broker does not read
-   * it and leaves it empty (use SessionService.GetSession).
+   * The session's name in Consul (SessionOptions.name; "lockbroker" by
+   * default). Empty when the session ended before the broker read it.
    *
    * @generated from field: string session_name = 5;
    */
@@ -217,7 +217,11 @@ export declare type LockState = Message<"lockbroker.v1.LockState"> & {
   holders: Holder[];
 
   /**
-   * The Consul index this state was read at. It grows with every change.
+   * Consul's index of this state: the Raft index of the newest change to
+   * the key (and the entries under it), as Consul reports it for a read of
+   * the key. It comes from Consul, not from the replica, so states of one
+   * key are comparable across replicas of one Consul cluster: a higher
+   * index is a newer state. It is not comparable between different keys.
    *
    * @generated from field: uint64 index = 5;
    */

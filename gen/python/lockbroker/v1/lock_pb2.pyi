@@ -7,12 +7,16 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
+ACQUIRE_KIND_LOCK: AcquireKind
+ACQUIRE_KIND_SEMAPHORE: AcquireKind
+ACQUIRE_KIND_UNSPECIFIED: AcquireKind
 DESCRIPTOR: _descriptor.FileDescriptor
 LOST_REASON_BROKER_SHUTDOWN: LostReason
 LOST_REASON_DELETED_BY_OTHER: LostReason
 LOST_REASON_LIMIT_CONFLICT: LostReason
 LOST_REASON_RELEASED_BY_OTHER: LostReason
 LOST_REASON_RENEWAL_FAILED: LostReason
+LOST_REASON_RESUMED_ELSEWHERE: LostReason
 LOST_REASON_SESSION_INVALIDATED: LostReason
 LOST_REASON_UNSPECIFIED: LostReason
 
@@ -57,9 +61,10 @@ class AcquireReleased(_message.Message):
     def __init__(self, sequencer: _Optional[_Union[_types_pb2.Sequencer, _Mapping]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ["fair", "key", "limit", "new_session", "resume", "session_id", "value", "wait_timeout"]
+    __slots__ = ["fair", "key", "kind", "limit", "new_session", "resume", "session_id", "value", "wait_timeout"]
     FAIR_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     NEW_SESSION_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
@@ -68,13 +73,14 @@ class AcquireRequest(_message.Message):
     WAIT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     fair: bool
     key: str
+    kind: AcquireKind
     limit: int
     new_session: _types_pb2.SessionOptions
     resume: _types_pb2.Sequencer
     session_id: str
     value: bytes
     wait_timeout: _duration_pb2.Duration
-    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., limit: _Optional[int] = ..., wait_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., new_session: _Optional[_Union[_types_pb2.SessionOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., resume: _Optional[_Union[_types_pb2.Sequencer, _Mapping]] = ..., fair: bool = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., limit: _Optional[int] = ..., wait_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., new_session: _Optional[_Union[_types_pb2.SessionOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., resume: _Optional[_Union[_types_pb2.Sequencer, _Mapping]] = ..., fair: bool = ..., kind: _Optional[_Union[AcquireKind, str]] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ["acquired", "keepalive", "lost", "queued", "released"]
@@ -117,12 +123,14 @@ class GetLockResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[_types_pb2.LockState, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ["key", "session_id"]
+    __slots__ = ["key", "session_id", "token"]
     KEY_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     key: str
     session_id: str
-    def __init__(self, key: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+    token: int
+    def __init__(self, key: _Optional[str] = ..., session_id: _Optional[str] = ..., token: _Optional[int] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ["released"]
@@ -131,16 +139,38 @@ class ReleaseResponse(_message.Message):
     def __init__(self, released: bool = ...) -> None: ...
 
 class SetValueRequest(_message.Message):
-    __slots__ = ["key", "session_id", "value"]
+    __slots__ = ["key", "session_id", "token", "value"]
     KEY_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     key: str
     session_id: str
+    token: int
     value: bytes
-    def __init__(self, key: _Optional[str] = ..., session_id: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ..., session_id: _Optional[str] = ..., value: _Optional[bytes] = ..., token: _Optional[int] = ...) -> None: ...
 
 class SetValueResponse(_message.Message):
+    __slots__ = ["sequencer"]
+    SEQUENCER_FIELD_NUMBER: _ClassVar[int]
+    sequencer: _types_pb2.Sequencer
+    def __init__(self, sequencer: _Optional[_Union[_types_pb2.Sequencer, _Mapping]] = ...) -> None: ...
+
+class TryAcquireRequest(_message.Message):
+    __slots__ = ["key", "kind", "limit", "session_id", "value"]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    kind: AcquireKind
+    limit: int
+    session_id: str
+    value: bytes
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., limit: _Optional[int] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[AcquireKind, str]] = ...) -> None: ...
+
+class TryAcquireResponse(_message.Message):
     __slots__ = ["sequencer"]
     SEQUENCER_FIELD_NUMBER: _ClassVar[int]
     sequencer: _types_pb2.Sequencer
@@ -155,12 +185,17 @@ class WatchRequest(_message.Message):
     def __init__(self, key: _Optional[str] = ..., prefix: bool = ...) -> None: ...
 
 class WatchResponse(_message.Message):
-    __slots__ = ["skipped", "state"]
+    __slots__ = ["skipped", "snapshot_complete", "state"]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     skipped: int
+    snapshot_complete: bool
     state: _types_pb2.LockState
-    def __init__(self, state: _Optional[_Union[_types_pb2.LockState, _Mapping]] = ..., skipped: _Optional[int] = ...) -> None: ...
+    def __init__(self, state: _Optional[_Union[_types_pb2.LockState, _Mapping]] = ..., skipped: _Optional[int] = ..., snapshot_complete: bool = ...) -> None: ...
+
+class AcquireKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
 
 class LostReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

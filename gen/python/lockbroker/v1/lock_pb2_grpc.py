@@ -56,6 +56,11 @@ class LockServiceStub(object):
                 request_serializer=lockbroker_dot_v1_dot_lock__pb2.CheckSequencerRequest.SerializeToString,
                 response_deserializer=lockbroker_dot_v1_dot_lock__pb2.CheckSequencerResponse.FromString,
                 )
+        self.TryAcquire = channel.unary_unary(
+                '/lockbroker.v1.LockService/TryAcquire',
+                request_serializer=lockbroker_dot_v1_dot_lock__pb2.TryAcquireRequest.SerializeToString,
+                response_deserializer=lockbroker_dot_v1_dot_lock__pb2.TryAcquireResponse.FromString,
+                )
 
 
 class LockServiceServicer(object):
@@ -141,6 +146,19 @@ class LockServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TryAcquire(self, request, context):
+        """TryAcquire takes a lock or semaphore slot now, with a client-owned
+        session (SessionService.CreateSession), and returns at once: no stream
+        to keep open (cron jobs, shell scripts, grpcurl). The hold lasts until
+        the client releases it (Release) or the session ends; the client
+        renews the session. A session that already holds the key gets its
+        current sequencer back. Errors: ABORTED (LOCK_HELD, with the holders)
+        when the key is busy, and those of Acquire.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LockServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -173,6 +191,11 @@ def add_LockServiceServicer_to_server(servicer, server):
                     servicer.CheckSequencer,
                     request_deserializer=lockbroker_dot_v1_dot_lock__pb2.CheckSequencerRequest.FromString,
                     response_serializer=lockbroker_dot_v1_dot_lock__pb2.CheckSequencerResponse.SerializeToString,
+            ),
+            'TryAcquire': grpc.unary_unary_rpc_method_handler(
+                    servicer.TryAcquire,
+                    request_deserializer=lockbroker_dot_v1_dot_lock__pb2.TryAcquireRequest.FromString,
+                    response_serializer=lockbroker_dot_v1_dot_lock__pb2.TryAcquireResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -295,5 +318,22 @@ class LockService(object):
         return grpc.experimental.unary_unary(request, target, '/lockbroker.v1.LockService/CheckSequencer',
             lockbroker_dot_v1_dot_lock__pb2.CheckSequencerRequest.SerializeToString,
             lockbroker_dot_v1_dot_lock__pb2.CheckSequencerResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def TryAcquire(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/lockbroker.v1.LockService/TryAcquire',
+            lockbroker_dot_v1_dot_lock__pb2.TryAcquireRequest.SerializeToString,
+            lockbroker_dot_v1_dot_lock__pb2.TryAcquireResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -16,7 +16,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from lockbroker.v1 import types_pb2 as lockbroker_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1blockbroker/v1/session.proto\x12\rlockbroker.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x19lockbroker/v1/types.proto\"\x9f\x02\n\x07Session\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n\x04name\x18\x02 \x01(\tR\x04name\x12+\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationR\x03ttl\x12\x38\n\nlock_delay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationR\tlockDelay\x12:\n\x08\x62\x65havior\x18\x05 \x01(\x0e\x32\x1e.lockbroker.v1.SessionBehaviorR\x08\x62\x65havior\x12\x12\n\x04node\x18\x06 \x01(\tR\x04node\x12\x16\n\x06\x63hecks\x18\x07 \x03(\tR\x06\x63hecks\x12!\n\x0c\x63reate_index\x18\x08 \x01(\x04R\x0b\x63reateIndex\"O\n\x14\x43reateSessionRequest\x12\x37\n\x07options\x18\x01 \x01(\x0b\x32\x1d.lockbroker.v1.SessionOptionsR\x07options\"I\n\x15\x43reateSessionResponse\x12\x30\n\x07session\x18\x01 \x01(\x0b\x32\x16.lockbroker.v1.SessionR\x07session\">\n\x13RenewSessionRequest\x12\'\n\nsession_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\"\x8a\x01\n\x14RenewSessionResponse\x12\x30\n\x07session\x18\x01 \x01(\x0b\x32\x16.lockbroker.v1.SessionR\x07session\x12@\n\x0eguaranteed_for\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\rguaranteedFor\"@\n\x15\x44\x65stroySessionRequest\x12\'\n\nsession_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\"\x18\n\x16\x44\x65stroySessionResponse\"<\n\x11GetSessionRequest\x12\'\n\nsession_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\"F\n\x12GetSessionResponse\x12\x30\n\x07session\x18\x01 \x01(\x0b\x32\x16.lockbroker.v1.SessionR\x07session2\xf7\x02\n\x0eSessionService\x12Z\n\rCreateSession\x12#.lockbroker.v1.CreateSessionRequest\x1a$.lockbroker.v1.CreateSessionResponse\x12W\n\x0cRenewSession\x12\".lockbroker.v1.RenewSessionRequest\x1a#.lockbroker.v1.RenewSessionResponse\x12]\n\x0e\x44\x65stroySession\x12$.lockbroker.v1.DestroySessionRequest\x1a%.lockbroker.v1.DestroySessionResponse\x12Q\n\nGetSession\x12 .lockbroker.v1.GetSessionRequest\x1a!.lockbroker.v1.GetSessionResponseBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1blockbroker/v1/session.proto\x12\rlockbroker.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x19lockbroker/v1/types.proto\"\x15\n\x13ListSessionsRequest\"Q\n\x14ListSessionsResponse\x12\x39\n\x08sessions\x18\x01 \x03(\x0b\x32\x1d.lockbroker.v1.SessionSummaryR\x08sessions\"\x95\x01\n\x0eSessionSummary\x12\x30\n\x07session\x18\x01 \x01(\x0b\x32\x16.lockbroker.v1.SessionR\x07session\x12!\n\x0c\x62roker_owned\x18\x02 \x01(\x08R\x0b\x62rokerOwned\x12.\n\x05holds\x18\x03 \x03(\x0b\x32\x18.lockbroker.v1.SequencerR\x05holds\"\x9f\x02\n\x07Session\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n\x04name\x18\x02 \x01(\tR\x04name\x12+\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationR\x03ttl\x12\x38\n\nlock_delay\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationR\tlockDelay\x12:\n\x08\x62\x65havior\x18\x05 \x01(\x0e\x32\x1e.lockbroker.v1.SessionBehaviorR\x08\x62\x65havior\x12\x12\n\x04node\x18\x06 \x01(\tR\x04node\x12\x16\n\x06\x63hecks\x18\x07 \x03(\tR\x06\x63hecks\x12!\n\x0c\x63reate_index\x18\x08 \x01(\x04R\x0b\x63reateIndex\"O\n\x14\x43reateSessionRequest\x12\x37\n\x07options\x18\x01 \x01(\x0b\x32\x1d.lockbroker.v1.SessionOptionsR\x07options\"I\n\x15\x43reateSessionResponse\x12\x30\n\x07session\x18\x01 \x01(\x0b\x32\x16.lockbroker.v1.SessionR\x07session\">\n\x13RenewSessionRequest\x12\'\n\nsession_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\"\x8a\x01\n\x14RenewSessionResponse\x12\x30\n\x07session\x18\x01 \x01(\x0b\x32\x16.lockbroker.v1.SessionR\x07session\x12@\n\x0eguaranteed_for\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\rguaranteedFor\"@\n\x15\x44\x65stroySessionRequest\x12\'\n\nsession_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\"\x18\n\x16\x44\x65stroySessionResponse\"<\n\x11GetSessionRequest\x12\'\n\nsession_id\x18\x01 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\"F\n\x12GetSessionResponse\x12\x30\n\x07session\x18\x01 \x01(\x0b\x32\x16.lockbroker.v1.SessionR\x07session2\xd0\x03\n\x0eSessionService\x12Z\n\rCreateSession\x12#.lockbroker.v1.CreateSessionRequest\x1a$.lockbroker.v1.CreateSessionResponse\x12W\n\x0cRenewSession\x12\".lockbroker.v1.RenewSessionRequest\x1a#.lockbroker.v1.RenewSessionResponse\x12]\n\x0e\x44\x65stroySession\x12$.lockbroker.v1.DestroySessionRequest\x1a%.lockbroker.v1.DestroySessionResponse\x12Q\n\nGetSession\x12 .lockbroker.v1.GetSessionRequest\x1a!.lockbroker.v1.GetSessionResponse\x12W\n\x0cListSessions\x12\".lockbroker.v1.ListSessionsRequest\x1a#.lockbroker.v1.ListSessionsResponseBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lockbroker.v1.session_pb2', globals())
@@ -30,24 +30,30 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _DESTROYSESSIONREQUEST.fields_by_name['session_id']._serialized_options = b'\272H\005r\003\260\001\001'
   _GETSESSIONREQUEST.fields_by_name['session_id']._options = None
   _GETSESSIONREQUEST.fields_by_name['session_id']._serialized_options = b'\272H\005r\003\260\001\001'
-  _SESSION._serialized_start=135
-  _SESSION._serialized_end=422
-  _CREATESESSIONREQUEST._serialized_start=424
-  _CREATESESSIONREQUEST._serialized_end=503
-  _CREATESESSIONRESPONSE._serialized_start=505
-  _CREATESESSIONRESPONSE._serialized_end=578
-  _RENEWSESSIONREQUEST._serialized_start=580
-  _RENEWSESSIONREQUEST._serialized_end=642
-  _RENEWSESSIONRESPONSE._serialized_start=645
-  _RENEWSESSIONRESPONSE._serialized_end=783
-  _DESTROYSESSIONREQUEST._serialized_start=785
-  _DESTROYSESSIONREQUEST._serialized_end=849
-  _DESTROYSESSIONRESPONSE._serialized_start=851
-  _DESTROYSESSIONRESPONSE._serialized_end=875
-  _GETSESSIONREQUEST._serialized_start=877
-  _GETSESSIONREQUEST._serialized_end=937
-  _GETSESSIONRESPONSE._serialized_start=939
-  _GETSESSIONRESPONSE._serialized_end=1009
-  _SESSIONSERVICE._serialized_start=1012
-  _SESSIONSERVICE._serialized_end=1387
+  _LISTSESSIONSREQUEST._serialized_start=134
+  _LISTSESSIONSREQUEST._serialized_end=155
+  _LISTSESSIONSRESPONSE._serialized_start=157
+  _LISTSESSIONSRESPONSE._serialized_end=238
+  _SESSIONSUMMARY._serialized_start=241
+  _SESSIONSUMMARY._serialized_end=390
+  _SESSION._serialized_start=393
+  _SESSION._serialized_end=680
+  _CREATESESSIONREQUEST._serialized_start=682
+  _CREATESESSIONREQUEST._serialized_end=761
+  _CREATESESSIONRESPONSE._serialized_start=763
+  _CREATESESSIONRESPONSE._serialized_end=836
+  _RENEWSESSIONREQUEST._serialized_start=838
+  _RENEWSESSIONREQUEST._serialized_end=900
+  _RENEWSESSIONRESPONSE._serialized_start=903
+  _RENEWSESSIONRESPONSE._serialized_end=1041
+  _DESTROYSESSIONREQUEST._serialized_start=1043
+  _DESTROYSESSIONREQUEST._serialized_end=1107
+  _DESTROYSESSIONRESPONSE._serialized_start=1109
+  _DESTROYSESSIONRESPONSE._serialized_end=1133
+  _GETSESSIONREQUEST._serialized_start=1135
+  _GETSESSIONREQUEST._serialized_end=1195
+  _GETSESSIONRESPONSE._serialized_start=1197
+  _GETSESSIONRESPONSE._serialized_end=1267
+  _SESSIONSERVICE._serialized_start=1270
+  _SESSIONSERVICE._serialized_end=1734
 # @@protoc_insertion_point(module_scope)

@@ -42,6 +42,16 @@ class GetSessionResponse(_message.Message):
     session: Session
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
+class ListSessionsRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ["sessions"]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionSummary]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionSummary, _Mapping]]] = ...) -> None: ...
+
 class RenewSessionRequest(_message.Message):
     __slots__ = ["session_id"]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -75,3 +85,13 @@ class Session(_message.Message):
     node: str
     ttl: _duration_pb2.Duration
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., lock_delay: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., behavior: _Optional[_Union[_types_pb2.SessionBehavior, str]] = ..., node: _Optional[str] = ..., checks: _Optional[_Iterable[str]] = ..., create_index: _Optional[int] = ...) -> None: ...
+
+class SessionSummary(_message.Message):
+    __slots__ = ["broker_owned", "holds", "session"]
+    BROKER_OWNED_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    broker_owned: bool
+    holds: _containers.RepeatedCompositeFieldContainer[_types_pb2.Sequencer]
+    session: Session
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., broker_owned: bool = ..., holds: _Optional[_Iterable[_Union[_types_pb2.Sequencer, _Mapping]]] = ...) -> None: ...

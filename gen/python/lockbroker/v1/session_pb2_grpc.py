@@ -39,6 +39,11 @@ class SessionServiceStub(object):
                 request_serializer=lockbroker_dot_v1_dot_session__pb2.GetSessionRequest.SerializeToString,
                 response_deserializer=lockbroker_dot_v1_dot_session__pb2.GetSessionResponse.FromString,
                 )
+        self.ListSessions = channel.unary_unary(
+                '/lockbroker.v1.SessionService/ListSessions',
+                request_serializer=lockbroker_dot_v1_dot_session__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=lockbroker_dot_v1_dot_session__pb2.ListSessionsResponse.FromString,
+                )
 
 
 class SessionServiceServicer(object):
@@ -82,6 +87,15 @@ class SessionServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSessions(self, request, context):
+        """ListSessions lists the sessions the broker created (broker-owned and
+        client-owned), with the keys each one holds through the broker, read
+        consistently. Sessions created directly in Consul are not listed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SessionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -104,6 +118,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.GetSession,
                     request_deserializer=lockbroker_dot_v1_dot_session__pb2.GetSessionRequest.FromString,
                     response_serializer=lockbroker_dot_v1_dot_session__pb2.GetSessionResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=lockbroker_dot_v1_dot_session__pb2.ListSessionsRequest.FromString,
+                    response_serializer=lockbroker_dot_v1_dot_session__pb2.ListSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -185,5 +204,22 @@ class SessionService(object):
         return grpc.experimental.unary_unary(request, target, '/lockbroker.v1.SessionService/GetSession',
             lockbroker_dot_v1_dot_session__pb2.GetSessionRequest.SerializeToString,
             lockbroker_dot_v1_dot_session__pb2.GetSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/lockbroker.v1.SessionService/ListSessions',
+            lockbroker_dot_v1_dot_session__pb2.ListSessionsRequest.SerializeToString,
+            lockbroker_dot_v1_dot_session__pb2.ListSessionsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -1,0 +1,14 @@
+//go:build !mutant_no_loss_notice && !mutant_no_resume_fence
+
+package broker
+
+// Mutants: deliberately broken builds that the chaos suite's checkers must
+// catch (make chaos-short MUTANT=...). A normal build has none.
+const (
+	// mutantNoLossNotice suppresses `lost` events (build tag
+	// mutant_no_loss_notice).
+	mutantNoLossNotice = false
+	// mutantNoResumeFence lets a replica write for a session it no longer
+	// owns (build tag mutant_no_resume_fence).
+	mutantNoResumeFence = false
+)
