@@ -11,16 +11,17 @@ import (
 	"buf.build/go/protovalidate"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
-	pvmw "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/protovalidate"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -44,13 +45,50 @@ type Server struct {
 	consul  Consul
 	log     *zap.Logger
 
-	mu      sync.Mutex
-	healthy bool
+	mu       sync.Mutex
+	healthy  bool
+	draining bool // set by Shutdown: NOT_SERVING for good
 }
 
-// New wires the gRPC server: logging, recovery (INTERNAL, panic logged)
-// and protovalidate interceptors, both services, health and reflection.
-func New(b *broker.Broker, consul Consul, log *zap.Logger) (*Server, error) {
+// Server keepalive defaults: the promise that a vanished client's
+// broker-owned hold is released within 20 s rests on them (ping after
+// DefaultKeepaliveTime without reads from the client, give the connection
+// up DefaultKeepaliveTimeout later, then release the hold).
+const (
+	DefaultKeepaliveTime    = 10 * time.Second
+	DefaultKeepaliveTimeout = 5 * time.Second
+	// KeepaliveMinClientInterval is the shortest interval at which clients
+	// may ping the server, with or without open streams; pinging more
+	// often gets the connection closed (ENHANCE_YOUR_CALM).
+	KeepaliveMinClientInterval = 5 * time.Second
+)
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	keepaliveTime, keepaliveTimeout time.Duration
+}
+
+// WithKeepalive sets the server keepalive: ping a client after idle with
+// no reads from it, and close the connection when the ping is not
+// answered within timeout; every stream on it ends (a broker-owned hold is
+// released). Defaults: DefaultKeepaliveTime and DefaultKeepaliveTimeout.
+// gRPC raises an idle below 1 s to 1 s.
+func WithKeepalive(idle, timeout time.Duration) Option {
+	return func(o *options) { o.keepaliveTime, o.keepaliveTimeout = idle, timeout }
+}
+
+// New wires the gRPC server: metrics, access logging (finished calls at
+// debug when OK, otherwise at info and above), recovery (INTERNAL, panic
+// logged) and validation (INVALID_ARGUMENT with details) interceptors,
+// server keepalive and its enforcement policy, both services, health and
+// reflection.
+func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Server, error) {
+	o := options{keepaliveTime: DefaultKeepaliveTime, keepaliveTimeout: DefaultKeepaliveTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	validator, err := protovalidate.New()
 	if err != nil {
 		return nil, fmt.Errorf("protovalidate: %w", err)
@@ -62,26 +100,33 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger) (*Server, error) {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "lockbroker_consul_blocking_queries",
-			Help: "Consul blocking queries this replica has open (one per watched key).",
+			Help: "Consul blocking queries this replica has open.",
 		}, func() float64 { return float64(consul.OpenBlockingQueries()) }),
 	)
+	if c, ok := consul.(interface{ Collector() prometheus.Collector }); ok {
+		reg.MustRegister(c.Collector()) // Consul call counts, from internal/consulstore
+	}
 	recoverOpt := recovery.WithRecoveryHandler(func(p any) error {
 		log.Error("panic in handler", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
 	})
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(accessLevel)}
+	val := &validation{validator: validator, codec: newRequestCodec()}
 	g := grpc.NewServer(
+		grpc.ForceServerCodecV2(val.codec),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.keepaliveTime, Timeout: o.keepaliveTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinClientInterval, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(
 			srvMetrics.UnaryServerInterceptor(),
 			logging.UnaryServerInterceptor(zapLogger(log), logOpts...),
 			recovery.UnaryServerInterceptor(recoverOpt),
-			pvmw.UnaryServerInterceptor(validator),
+			val.unary, // last: it must see every request the codec decoded
 		),
 		grpc.ChainStreamInterceptor(
 			srvMetrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(zapLogger(log), logOpts...),
 			recovery.StreamServerInterceptor(recoverOpt),
-			pvmw.StreamServerInterceptor(validator),
+			val.stream,
 		),
 	)
 	lockbrokerv1.RegisterLockServiceServer(g, NewLockService(b, log))
@@ -95,6 +140,24 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger) (*Server, error) {
 	return s, nil
 }
 
+// accessLevel is the access log's level for a finished call: successful
+// calls (and streams the client closed) only at debug, so the default info
+// level writes no line per RPC; answers caused by the request at info;
+// Consul or the broker in trouble at warn; bugs at error.
+func accessLevel(c codes.Code) logging.Level {
+	switch c {
+	case codes.OK, codes.Canceled:
+		return logging.LevelDebug
+	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.Aborted, codes.DeadlineExceeded,
+		codes.FailedPrecondition, codes.OutOfRange, codes.Unauthenticated:
+		return logging.LevelInfo
+	case codes.Unavailable, codes.PermissionDenied, codes.ResourceExhausted:
+		return logging.LevelWarn
+	default:
+		return logging.LevelError
+	}
+}
+
 // services are the names health reports on ("" is the whole server).
 var services = []string{"", lockbrokerv1.LockService_ServiceDesc.ServiceName, lockbrokerv1.SessionService_ServiceDesc.ServiceName}
 
@@ -104,6 +167,10 @@ func (s *Server) setServing(ok bool) {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
 	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		return
+	}
 	changed := s.healthy != ok
 	s.healthy = ok
 	s.mu.Unlock()
@@ -140,8 +207,18 @@ func (s *Server) WatchHealth(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// Shutdown marks every service NOT_SERVING for good.
-func (s *Server) Shutdown() { s.Health.Shutdown() }
+// Shutdown marks every service NOT_SERVING for good, on gRPC health and
+// /healthz, at once; WatchHealth no longer changes it.
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	first := !s.draining
+	s.draining, s.healthy = true, false
+	s.mu.Unlock()
+	s.Health.Shutdown()
+	if first {
+		s.log.Info("health changed", zap.Bool("serving", false), zap.String("why", "shutting down"))
+	}
+}
 
 // HTTPHandler serves /metrics (Prometheus) and /healthz (200 while
 // SERVING, 503 otherwise).
@@ -161,24 +238,26 @@ func (s *Server) HTTPHandler() http.Handler {
 	return mux
 }
 
-// zapLogger adapts zap to the logging interceptor.
+// zapLogger adapts zap to the logging interceptor. A level the logger does
+// not write costs one check.
 func zapLogger(l *zap.Logger) logging.Logger {
+	levels := map[logging.Level]zapcore.Level{
+		logging.LevelDebug: zapcore.DebugLevel, logging.LevelInfo: zapcore.InfoLevel,
+		logging.LevelWarn: zapcore.WarnLevel, logging.LevelError: zapcore.ErrorLevel,
+	}
 	return logging.LoggerFunc(func(_ context.Context, lvl logging.Level, msg string, fields ...any) {
+		zl, ok := levels[lvl]
+		if !ok {
+			zl = zapcore.ErrorLevel
+		}
+		if !l.Core().Enabled(zl) {
+			return
+		}
 		f := make([]zap.Field, 0, len(fields)/2)
 		for i := 0; i+1 < len(fields); i += 2 {
 			key, _ := fields[i].(string)
 			f = append(f, zap.Any(key, fields[i+1]))
 		}
-		lg := l.WithOptions(zap.AddCallerSkip(1)).With(f...)
-		switch lvl {
-		case logging.LevelDebug:
-			lg.Debug(msg)
-		case logging.LevelInfo:
-			lg.Info(msg)
-		case logging.LevelWarn:
-			lg.Warn(msg)
-		default:
-			lg.Error(msg)
-		}
+		l.WithOptions(zap.AddCallerSkip(1)).Log(zl, msg, f...)
 	})
 }

@@ -1,0 +1,155 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+
+	"buf.build/go/protovalidate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	gproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
+
+	"github.com/lockbroker/lockbroker/internal/broker"
+)
+
+// validation checks every request before a handler sees it: that it could
+// be decoded (see requestCodec) and that protovalidate accepts it. Both
+// failures are INVALID_ARGUMENT with a BadRequest (one field violation per
+// problem) and an ErrorInfo INVALID_ARGUMENT; nothing reaches the domain.
+type validation struct {
+	validator protovalidate.Validator
+	codec     *requestCodec
+}
+
+func (v *validation) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := v.check(req); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (v *validation) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, &validatingStream{ServerStream: ss, v: v})
+}
+
+// validatingStream checks each message the handler receives.
+type validatingStream struct {
+	grpc.ServerStream
+	v *validation
+}
+
+func (s *validatingStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return s.v.check(m)
+}
+
+// check returns nil or the INVALID_ARGUMENT status for req.
+func (v *validation) check(req any) error {
+	msg, ok := req.(proto.Message)
+	if !ok {
+		return nil
+	}
+	if err := v.codec.takeError(msg); err != nil {
+		return invalidStatus("request: cannot be decoded: "+err.Error(), &errdetails.BadRequest_FieldViolation{
+			Description: "the request is not a valid protobuf encoding of " + string(msg.ProtoReflect().Descriptor().FullName()) + ": " + err.Error(),
+			Reason:      "decode",
+		}).Err()
+	}
+	err := v.validator.Validate(msg)
+	if err == nil {
+		return nil
+	}
+	var ve *protovalidate.ValidationError
+	if !errors.As(err, &ve) {
+		// A rule that does not compile: a bug in the proto's rules.
+		return status.Error(codes.Internal, err.Error())
+	}
+	fvs := make([]*errdetails.BadRequest_FieldViolation, 0, len(ve.Violations))
+	for _, vi := range ve.Violations {
+		fvs = append(fvs, &errdetails.BadRequest_FieldViolation{
+			Field:       protovalidate.FieldPathString(vi.Proto.GetField()),
+			Description: vi.Proto.GetMessage(),
+			Reason:      vi.Proto.GetRuleId(),
+		})
+	}
+	st := invalidStatus(ve.Error(), fvs...)
+	// Also the protovalidate form, for clients that already read it.
+	if withPV, err := st.WithDetails(ve.ToProto()); err == nil {
+		st = withPV
+	}
+	return st.Err()
+}
+
+// invalidStatus is INVALID_ARGUMENT with msg, an ErrorInfo naming the
+// first field and a BadRequest with fvs.
+func invalidStatus(msg string, fvs ...*errdetails.BadRequest_FieldViolation) *status.Status {
+	info := &errdetails.ErrorInfo{Reason: string(broker.ReasonInvalidArgument), Domain: ErrorDomain}
+	var fields []string
+	for _, fv := range fvs {
+		if fv.Field != "" {
+			fields = append(fields, fv.Field)
+		}
+	}
+	if len(fields) > 0 {
+		info.Metadata = map[string]string{"field": strings.Join(fields, ",")}
+	}
+	return withDetails(status.New(codes.InvalidArgument, msg),
+		[]protoadapt.MessageV1{info, &errdetails.BadRequest{FieldViolations: fvs}})
+}
+
+// requestCodec is grpc-go's proto codec, except that a request that does
+// not decode (for instance a string field holding invalid UTF-8) is not
+// refused by grpc-go as INTERNAL: the error is kept for the message, and
+// the validation interceptor, which sees every request, answers
+// INVALID_ARGUMENT. Encoding is unchanged.
+type requestCodec struct {
+	encoding.CodecV2
+	mu     sync.Mutex
+	failed map[proto.Message]error
+}
+
+func newRequestCodec() *requestCodec {
+	return &requestCodec{CodecV2: encoding.GetCodecV2(gproto.Name), failed: map[proto.Message]error{}}
+}
+
+// Unmarshal implements encoding.CodecV2.
+func (c *requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	err := c.CodecV2.Unmarshal(data, v)
+	msg, ok := v.(proto.Message)
+	if err == nil || !ok {
+		return err
+	}
+	proto.Reset(msg)
+	c.mu.Lock()
+	c.failed[msg] = err
+	c.mu.Unlock()
+	return nil
+}
+
+// takeError returns and forgets the decode error of msg, if any.
+func (c *requestCodec) takeError(msg proto.Message) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err, ok := c.failed[msg]
+	if ok {
+		delete(c.failed, msg)
+	}
+	return err
+}
+
+// pending is how many decode errors wait for the interceptor (tests).
+func (c *requestCodec) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.failed)
+}
