@@ -45,9 +45,20 @@ type config struct {
 	devConsulHTTP      string
 	consulBin          string
 	logLevel           string
-	shutdownTimeout    time.Duration
+	drainTimeout       time.Duration
 	healthInterval     time.Duration
+	keepaliveTime      time.Duration
+	keepaliveTimeout   time.Duration
 }
+
+// Bounds of the keepalive flags: the promise that a vanished client's hold
+// is released within 20 s needs a ping after at most 10 s of silence and a
+// timeout of at most 5 s; gRPC does not ping more often than once a second.
+const (
+	maxKeepaliveTime    = 10 * time.Second
+	maxKeepaliveTimeout = 5 * time.Second
+	minKeepalive        = time.Second
+)
 
 func env(name, def string) string {
 	if v, ok := os.LookupEnv(name); ok {
@@ -66,8 +77,11 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&c.devConsulHTTP, "dev-consul-http", "127.0.0.1:8500", "with --dev: the dev agent's HTTP address (loopback)")
 	fs.StringVar(&c.consulBin, "consul-bin", env("LOCKBROKER_CONSUL", ""), "with --dev: the consul binary (env LOCKBROKER_CONSUL; default bin/consul, then PATH)")
 	fs.StringVar(&c.logLevel, "log-level", env("LOCKBROKER_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful stop may take before open streams are cut")
+	fs.DurationVar(&c.drainTimeout, "drain-timeout", 15*time.Second, "on SIGTERM/SIGINT: how long holders have to resume on another replica and streams to end before the broker releases what is left, cuts every stream and exits")
+	fs.DurationVar(&c.drainTimeout, "shutdown-timeout", 15*time.Second, "deprecated: the same as --drain-timeout")
 	fs.DurationVar(&c.healthInterval, "health-interval", time.Second, "how often Consul's health is checked")
+	fs.DurationVar(&c.keepaliveTime, "keepalive-time", server.DefaultKeepaliveTime, "ping a client after this long without hearing from it (1s to 10s)")
+	fs.DurationVar(&c.keepaliveTimeout, "keepalive-timeout", server.DefaultKeepaliveTimeout, "close a client's connection, and end its holds, when a ping is not answered within this (1s to 5s)")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "usage: broker [flags]\n\nConsul is configured by CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_CACERT and the other\nstandard Consul variables, unless --dev starts a local dev agent.\n\nflags:\n")
 		fs.PrintDefaults()
@@ -78,7 +92,22 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	return c, nil
+	return c, c.validate()
+}
+
+// validate checks the flags' values.
+func (c *config) validate() error {
+	switch {
+	case c.drainTimeout <= 0:
+		return fmt.Errorf("--drain-timeout must be positive, got %v", c.drainTimeout)
+	case c.healthInterval <= 0:
+		return fmt.Errorf("--health-interval must be positive, got %v", c.healthInterval)
+	case c.keepaliveTime < minKeepalive || c.keepaliveTime > maxKeepaliveTime:
+		return fmt.Errorf("--keepalive-time must be between %v and %v (a vanished client's hold is released within 20s), got %v", minKeepalive, maxKeepaliveTime, c.keepaliveTime)
+	case c.keepaliveTimeout < minKeepalive || c.keepaliveTimeout > maxKeepaliveTimeout:
+		return fmt.Errorf("--keepalive-timeout must be between %v and %v (a vanished client's hold is released within 20s), got %v", minKeepalive, maxKeepaliveTimeout, c.keepaliveTimeout)
+	}
+	return nil
 }
 
 func newLogger(level string) (*zap.Logger, error) {
@@ -132,7 +161,7 @@ func run(args []string, stderr io.Writer) error {
 
 	store := consulstore.New(client, 0)
 	b := broker.New(store, log)
-	srv, err := server.New(b, store, log)
+	srv, err := server.New(b, store, log, server.WithKeepalive(c.keepaliveTime, c.keepaliveTimeout))
 	if err != nil {
 		return err
 	}
@@ -169,24 +198,86 @@ func run(args []string, stderr io.Writer) error {
 		runErr = fmt.Errorf("http server: %w", err)
 	}
 
-	// Stop: health NOT_SERVING, end holds (lost: BROKER_SHUTDOWN), drain.
+	stop() // a second SIGINT/SIGTERM kills the process at once
+	drain(log, c.drainTimeout, srv, b, httpSrv)
 	stopHealth()
 	<-healthDone
-	srv.Shutdown()
-	b.Close()
-	graceful := make(chan struct{})
-	go func() { srv.GRPC.GracefulStop(); close(graceful) }()
-	select {
-	case <-graceful:
-	case <-time.After(c.shutdownTimeout):
-		srv.GRPC.Stop()
-		<-graceful
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
-	defer cancel()
-	_ = httpSrv.Shutdown(sctx)
 	log.Info("stopped")
 	return runErr
+}
+
+// drain stops the broker within limit whatever clients do: health turns
+// NOT_SERVING at once; the broker tells every holder `lost:
+// BROKER_SHUTDOWN` and gives them until the deadline to resume elsewhere;
+// the gRPC server stops taking connections and waits for open calls; at the
+// deadline every stream still open is cut (which also unblocks a Send to a
+// client that stopped reading) and the process goes on to exit.
+func drain(log *zap.Logger, limit time.Duration, srv *server.Server, b *broker.Broker, httpSrv *http.Server) {
+	start := time.Now()
+	srv.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	log.Info("draining", zap.Duration("drain_timeout", limit))
+
+	brokerDone := make(chan struct{})
+	go func() { defer close(brokerDone); shutdownBroker(ctx, b) }()
+	grpcDone := make(chan struct{})
+	go func() { defer close(grpcDone); srv.GRPC.GracefulStop() }()
+
+	for brokerDone != nil || grpcDone != nil {
+		select {
+		case <-brokerDone:
+			brokerDone = nil
+		case <-grpcDone:
+			grpcDone = nil
+		case <-ctx.Done():
+			log.Warn("drain deadline passed: cutting the streams still open", zap.Duration("drain_timeout", limit))
+			srv.GRPC.Stop()
+			waitAtMost(brokerDone, time.Second)
+			waitAtMost(grpcDone, time.Second)
+			brokerDone, grpcDone = nil, nil
+		}
+	}
+	hctx, hcancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer hcancel()
+	_ = httpSrv.Shutdown(hctx)
+	log.Info("drained", zap.Duration("took", time.Since(start).Round(time.Millisecond)))
+}
+
+// shutdownBroker ends the broker's holds and watches by ctx's deadline.
+func shutdownBroker(ctx context.Context, b *broker.Broker) {
+	// TODO(lead): call b.Shutdown(ctx) directly once (*broker.Broker).Shutdown
+	// exists (tell every hold lost BROKER_SHUTDOWN, wait until ctx for the
+	// clients to resume elsewhere, release what is left, return by ctx's
+	// deadline). Until then Close runs in the background and the drain
+	// deadline bounds it.
+	if s, ok := any(b).(interface{ Shutdown(context.Context) }); ok {
+		s.Shutdown(ctx)
+		return
+	}
+	if s, ok := any(b).(interface{ Shutdown(context.Context) error }); ok {
+		_ = s.Shutdown(ctx)
+		return
+	}
+	closed := make(chan struct{})
+	go func() { defer close(closed); b.Close() }()
+	select {
+	case <-closed:
+	case <-ctx.Done():
+	}
+}
+
+// waitAtMost waits until ch is closed or d has passed; a nil ch is closed.
+func waitAtMost(ch <-chan struct{}, d time.Duration) {
+	if ch == nil {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	}
 }
 
 // startDevConsul starts the Consul dev agent for --dev.

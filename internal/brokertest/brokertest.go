@@ -1,6 +1,9 @@
-// Package brokertest runs real lockbroker replicas for tests: in-process
-// (a real gRPC listener on loopback, a real Consul agent) or as a child
-// process that a test can SIGKILL.
+// Package brokertest runs real lockbroker replicas for tests, against real
+// Consul agents: in-process (Start: a real gRPC listener on loopback) or as
+// child processes of the broker binary (StartProcess with a consultest
+// agent, StartDev with the broker's own --dev agent) that a test can pause,
+// crash or terminate. Build and RepoRoot build the repository's other
+// binaries (lockctl, pinned tools) for process tests.
 package brokertest
 
 import (
@@ -33,11 +36,19 @@ type Replica struct {
 // Option configures an in-process replica.
 type Option func(*options)
 
-type options struct{ waitTime time.Duration }
+type options struct {
+	waitTime time.Duration
+	server   []server.Option
+}
 
 // WithWaitTime bounds each Consul blocking query (default
 // consulstore.DefaultWaitTime); an idle watch lingers that long.
 func WithWaitTime(d time.Duration) Option { return func(o *options) { o.waitTime = d } }
+
+// WithServerOptions passes options to server.New (keepalive, ...).
+func WithServerOptions(opts ...server.Option) Option {
+	return func(o *options) { o.server = append(o.server, opts...) }
+}
 
 // Start runs a broker replica against agent until the test ends.
 func Start(t testing.TB, agent *consultest.Agent, opts ...Option) *Replica {
@@ -55,7 +66,7 @@ func Start(t testing.TB, agent *consultest.Agent, opts ...Option) *Replica {
 	}
 	store := consulstore.New(client, o.waitTime)
 	b := broker.New(store, log)
-	srv, err := server.New(b, store, log)
+	srv, err := server.New(b, store, log, o.server...)
 	if err != nil {
 		t.Fatalf("server: %v", err)
 	}

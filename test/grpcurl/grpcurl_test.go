@@ -1,5 +1,5 @@
 // Package grpcurl_test runs the grpcurl command lines of the README against
-// a real broker (and a real Consul agent, see test/testbroker), so that
+// a real broker (and a real Consul agent, see internal/brokertest), so that
 // what operators copy from the docs keeps working: server reflection,
 // JSON field names, streaming output and error texts.
 package grpcurl_test
@@ -15,10 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockbroker/lockbroker/test/testbroker"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/lockbroker/lockbroker/internal/brokertest"
 )
 
 // The command lines exactly as the README shows them, for a broker on
@@ -37,10 +38,10 @@ func TestMain(m *testing.M) {
 }
 
 func TestGrpcurl(t *testing.T) {
-	b := testbroker.Start(t)
-	bin := testbroker.BuildIn(t, filepath.Join(testbroker.RepoRoot(t), "tools", "go"),
+	b := brokertest.StartDev(t)
+	bin := brokertest.BuildIn(t, filepath.Join(brokertest.RepoRoot(t), "tools", "go"),
 		"github.com/fullstorydev/grpcurl/cmd/grpcurl", "grpcurl")
-	sh := shell{path: filepath.Dir(bin), addr: b.Addr()}
+	sh := shell{path: filepath.Dir(bin), addr: b.Addr}
 
 	tests := []struct {
 		name, line string

@@ -29,7 +29,7 @@ func TestCommands(t *testing.T) {
 		code, stdout, stderr := h.run(t, nil, "health")
 		assert.Equal(t, 0, code, stderr)
 		assert.Contains(t, stdout, "SERVING")
-		code, _, stderr = h.run(t, nil, "health", "--http", "http://"+h.broker.HTTPAddr()+"/healthz")
+		code, _, stderr = h.run(t, nil, "health", "--http", "http://"+h.broker.HTTPAddr+"/healthz")
 		assert.Equal(t, 0, code, "the broker must answer /healthz (docker-compose's health check): %s", stderr)
 	})
 
@@ -56,7 +56,7 @@ func TestCommands(t *testing.T) {
 		require.NoError(t, err)
 		dead := l.Addr().String()
 		require.NoError(t, l.Close())
-		code, stdout, stderr := h.run(t, nil, "get", "--addr", dead+","+h.broker.Addr(), "lockctl-test/failover")
+		code, stdout, stderr := h.run(t, nil, "get", "--addr", dead+","+h.broker.Addr, "lockctl-test/failover")
 		assert.Equal(t, 0, code, stderr)
 		assert.Contains(t, stdout, "free")
 		code, _, stderr = h.run(t, []string{"LOCKBROKER_ADDR=" + dead}, "--addr", dead, "get", "lockctl-test/failover")
@@ -92,7 +92,7 @@ func TestCommands(t *testing.T) {
 // the holder exits 75 (its lock was taken away).
 func testWatchAndRelease(t *testing.T, h *harness) {
 	const key = "lockctl-test/watch"
-	watch := exec.Command(h.lockctl, "--addr", h.broker.Addr(), "watch", "--json", key)
+	watch := exec.Command(h.lockctl, "--addr", h.broker.Addr, "watch", "--json", key)
 	out, err := watch.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, watch.Start())

@@ -10,13 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockbroker/lockbroker/test/testbroker"
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockbroker/lockbroker/internal/brokertest"
 )
 
 // harness is a real broker and a freshly built lockctl.
 type harness struct {
-	broker  *testbroker.Broker
+	broker  *brokertest.Process
 	lockctl string
 }
 
@@ -24,8 +25,8 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	return &harness{
-		lockctl: testbroker.Build(t, "./cmd/lockctl", "lockctl"),
-		broker:  testbroker.Start(t),
+		lockctl: brokertest.Build(t, "./cmd/lockctl", "lockctl"),
+		broker:  brokertest.StartDev(t),
 	}
 }
 
@@ -43,7 +44,7 @@ func (h *harness) start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	p := &proc{done: make(chan struct{})}
 	if len(args) == 0 || args[0] != "--addr" {
-		args = append([]string{"--addr", h.broker.Addr()}, args...)
+		args = append([]string{"--addr", h.broker.Addr}, args...)
 	}
 	p.cmd = exec.Command(h.lockctl, args...)
 	p.cmd.Env = append(os.Environ(), env...)

@@ -1,5 +1,5 @@
 // Package lockctl_test runs the lockctl binary against a real broker and a
-// real Consul agent (see test/testbroker) and checks what a user of the
+// real Consul agent (see internal/brokertest) and checks what a user of the
 // command relies on: mutual exclusion of the commands it runs, exit codes,
 // and what happens to the command when the lock is lost.
 package lockctl_test

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package testbroker
+package brokertest
 
 import "syscall"
 

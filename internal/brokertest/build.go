@@ -1,4 +1,4 @@
-package testbroker
+package brokertest
 
 import (
 	"bufio"
@@ -29,7 +29,7 @@ func BuildIn(t testing.TB, dir, pkg, name string) string {
 	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = dir
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("testbroker: go build %s in %s: %v\n%s", pkg, dir, err, b)
+		t.Fatalf("brokertest: go build %s in %s: %v\n%s", pkg, dir, err, b)
 	}
 	return out
 }
@@ -48,7 +48,7 @@ func RepoRoot(t testing.TB) string {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			t.Fatalf("testbroker: no directory above the working directory holds module %s", modulePath)
+			t.Fatalf("brokertest: no directory above the working directory holds module %s", modulePath)
 		}
 		dir = parent
 	}
