@@ -1,0 +1,185 @@
+"""What the blocking and the asyncio clients share: request building,
+channel options, event decoding and the lease's timing rules."""
+
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple, Union
+
+import grpc
+from google.protobuf import duration_pb2
+
+from . import errors
+from ._gen.lockbroker.v1 import lock_pb2, session_pb2, types_pb2
+from ._types import Sequencer
+
+#: How long before the guaranteed deadline the client gives a lease up
+#: when no broker replica is heard from, so that the loss is reported
+#: while the hold is still guaranteed (the Go client uses the same).
+CLIENT_MARGIN = 0.25
+
+#: A lease whose stream stays silent for this share of its guaranteed time
+#: is taken to be on a stalled replica: with other replicas configured the
+#: client resumes the hold on one of them (the broker renews every TTL/3,
+#: so a healthy stream speaks at about a third).
+STALL_SHARE = 0.6
+
+#: Longest single resume attempt on one replica (a stopped replica accepts
+#: the TCP connection and never answers).
+RESUME_ATTEMPT = 3.0
+
+_LOST_PREFIX = "LOST_REASON_"
+_BEHAVIORS = {None: 0, "release": types_pb2.SESSION_BEHAVIOR_RELEASE, "delete": types_pb2.SESSION_BEHAVIOR_DELETE}
+
+BytesLike = Union[bytes, bytearray, memoryview, str]
+
+
+def now():
+    return time.monotonic()
+
+
+def as_bytes(value: Optional[BytesLike]) -> bytes:
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return bytes(value)
+
+
+def duration(seconds: Optional[float]) -> Optional[duration_pb2.Duration]:
+    if seconds is None:
+        return None
+    if seconds < 0:
+        raise errors.InvalidArgument(f"negative duration {seconds!r}")
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(round(seconds * 1e9)))
+    return d
+
+
+def seconds(d) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def session_options(ttl=None, lock_delay=None, behavior=None, checks=(), session_name=None):
+    if behavior not in _BEHAVIORS:
+        raise errors.InvalidArgument(f"behavior must be 'release' or 'delete', not {behavior!r}")
+    opts = types_pb2.SessionOptions(behavior=_BEHAVIORS[behavior], checks=list(checks or ()),
+                                    name=session_name or "")
+    if ttl is not None:
+        opts.ttl.CopyFrom(duration(ttl))
+    if lock_delay is not None:
+        opts.lock_delay.CopyFrom(duration(lock_delay))
+    return opts
+
+
+def acquire_request(key, *, value=None, limit=0, semaphore=False, wait=None, ttl=None, lock_delay=None,
+                    behavior=None, checks=(), session_name=None, fair=False):
+    """The AcquireRequest for a lock (semaphore False) or semaphore slot."""
+    req = lock_pb2.AcquireRequest(
+        key=key, value=as_bytes(value), limit=limit, fair=fair,
+        kind=lock_pb2.ACQUIRE_KIND_SEMAPHORE if semaphore else lock_pb2.ACQUIRE_KIND_LOCK,
+        new_session=session_options(ttl, lock_delay, behavior, checks, session_name),
+    )
+    if wait is not None:
+        req.wait_timeout.CopyFrom(duration(wait))
+    return req
+
+
+def resume_request(req, seq: Sequencer):
+    r = lock_pb2.AcquireRequest()
+    r.CopyFrom(req)
+    r.resume.CopyFrom(seq.to_proto())
+    return r
+
+
+def lost_reason_name(value) -> str:
+    try:
+        name = lock_pb2.LostReason.Name(value)
+    except ValueError:
+        return "UNSPECIFIED"
+    return name[len(_LOST_PREFIX):] if name.startswith(_LOST_PREFIX) else name
+
+
+def check_grant(req, seq: Sequencer):
+    """A grant of the wrong kind means the broker ignored `kind` (an older
+    broker): a one-slot semaphore would silently be a lock."""
+    if req.kind == lock_pb2.ACQUIRE_KIND_SEMAPHORE and seq.kind != "semaphore":
+        return errors.Unimplemented(
+            f"the broker granted a {seq.kind} for a semaphore request on {seq.key!r}: "
+            "it does not support AcquireRequest.kind (one-slot semaphores)")
+    return None
+
+
+@dataclass
+class TLS:
+    """TLS settings for the broker connection.
+
+    ca: PEM bundle (bytes) or path of the CA that signed the broker's
+    certificate (None: the system roots). cert and key: the client's PEM
+    certificate and key (bytes or paths) for mTLS. server_name: the name to
+    check in the broker's certificate when it differs from the target's
+    host.
+    """
+
+    ca: Optional[Union[bytes, str]] = None
+    cert: Optional[Union[bytes, str]] = None
+    key: Optional[Union[bytes, str]] = None
+    server_name: Optional[str] = None
+
+    def credentials(self):
+        return grpc.ssl_channel_credentials(root_certificates=_pem(self.ca), private_key=_pem(self.key),
+                                            certificate_chain=_pem(self.cert))
+
+
+def _pem(v):
+    if v is None or isinstance(v, bytes):
+        return v
+    with open(v, "rb") as f:
+        return f.read()
+
+
+def channel_setup(tls) -> Tuple[Optional[grpc.ChannelCredentials], Sequence[Tuple[str, object]]]:
+    """(credentials or None for plaintext, channel options) for `tls`:
+    None/False (plaintext), True (system roots), a TLS, or
+    grpc.ChannelCredentials."""
+    opts = []
+    if tls is None or tls is False:
+        return None, opts
+    if tls is True:
+        return grpc.ssl_channel_credentials(), opts
+    if isinstance(tls, TLS):
+        if tls.server_name:
+            opts.append(("grpc.ssl_target_name_override", tls.server_name))
+        return tls.credentials(), opts
+    if isinstance(tls, grpc.ChannelCredentials):
+        return tls, opts
+    raise TypeError(f"tls must be None, True, lockbroker.TLS or grpc.ChannelCredentials, not {type(tls).__name__}")
+
+
+def auth_metadata(token):
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def targets_list(target, targets):
+    out = []
+    for t in (target, *(targets or ())):
+        if t and t not in out:
+            out.append(t)
+    if not out:
+        raise ValueError("no broker target")
+    return out
+
+
+def failover_ok(err: errors.LockbrokerError) -> bool:
+    """Whether another replica may succeed where this one failed: the
+    replica is unreachable or shutting down, not Consul."""
+    return isinstance(err, errors.Unavailable) and err.reason != "CONSUL_UNAVAILABLE"
+
+
+def resume_refused(err: errors.LockbrokerError) -> bool:
+    """A resume answer that means the hold is gone (do not try elsewhere)."""
+    return err.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
+                        grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED)
+
+
+def session_request(ttl=None, lock_delay=None, behavior=None, checks=(), name=None):
+    return session_pb2.CreateSessionRequest(options=session_options(ttl, lock_delay, behavior, checks, name))

@@ -1,0 +1,1 @@
+# Copied from gen/python by client/python/tools/sync_gen.py. DO NOT EDIT.

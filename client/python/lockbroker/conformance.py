@@ -1,0 +1,120 @@
+"""A small CLI over the library, for cross-language conformance runs
+(test/conformance/scenarios.md, S5) and for trying a deployment by hand.
+
+    python -m lockbroker.conformance hold --target 127.0.0.1:8700 --key jobs/x [--limit 3] [--seconds 30]
+    python -m lockbroker.conformance watch --target 127.0.0.1:8700 --key jobs/x [--seconds 30]
+
+`hold` takes a lock (limit 0) or a semaphore slot (limit > 0), holds it for
+--seconds (or until stdin closes or SIGTERM), releases it, and prints JSON
+lines: {"event":"acquired",...}, then {"event":"released"} or
+{"event":"lost","reason":...}; failures print {"event":"error",...} and
+exit 1. `watch` prints {"event":"state",...} per state.
+"""
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+
+from . import Client, LockbrokerError
+from ._types import SNAPSHOT_COMPLETE
+
+
+def _emit(**kw):
+    kw.setdefault("lang", "python")
+    kw.setdefault("t", time.time())
+    sys.stdout.write(json.dumps(kw, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def _error(e):
+    _emit(event="error", error=str(e), reason=getattr(e, "reason", None), type=type(e).__name__)
+    return 1
+
+
+def _hold(client, args):
+    value = (args.value or "").encode()
+    try:
+        if args.limit > 0:
+            lease = client.semaphore(args.key, args.limit, ttl=args.ttl, wait=args.wait, value=value)
+        else:
+            lease = client.lock(args.key, ttl=args.ttl, wait=args.wait, value=value)
+    except LockbrokerError as e:
+        return _error(e)
+    _emit(event="acquired", key=args.key, token=lease.token, session_id=lease.session_id,
+          deadline_in=round(lease.deadline - time.monotonic(), 3))
+    stop = threading.Event()
+    lease.on_lost(lambda err: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def stdin_closed():
+        try:
+            while sys.stdin.read(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        stop.set()
+
+    threading.Thread(target=stdin_closed, daemon=True).start()
+    stop.wait(args.seconds)
+    if lease.lost.is_set():
+        err = lease.error
+        _emit(event="lost", reason=err.reason, detail=err.detail)
+        return 2
+    lease.release()
+    _emit(event="released", token=lease.token)
+    return 0
+
+
+def _watch(client, args):
+    end = time.monotonic() + args.seconds
+    stream = client.watch(args.key, prefix=args.prefix)
+    timer = threading.Timer(args.seconds, stream.close)
+    timer.daemon = True
+    timer.start()
+    try:
+        for st in stream:
+            if st is SNAPSHOT_COMPLETE:
+                _emit(event="snapshot_complete")
+                continue
+            _emit(event="state", key=st.key, kind=st.kind, limit=st.limit,
+                  holders=[{"session_id": h.session_id, "value": h.value.decode(errors="replace"),
+                            "token": h.token} for h in st.holders])
+            if time.monotonic() >= end:
+                break
+    except LockbrokerError as e:
+        if time.monotonic() < end:
+            return _error(e)
+    finally:
+        timer.cancel()
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m lockbroker.conformance", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("hold", "watch"):
+        p = sub.add_parser(name)
+        p.add_argument("--target", action="append", required=True, help="broker address (repeat for replicas)")
+        p.add_argument("--key", required=True)
+        p.add_argument("--seconds", type=float, default=30.0)
+        p.add_argument("--token", default=None, help="bearer token")
+        if name == "hold":
+            p.add_argument("--limit", type=int, default=0, help="0: a lock; N: a semaphore slot of N")
+            p.add_argument("--ttl", type=float, default=None)
+            p.add_argument("--wait", type=float, default=None, help="seconds to wait (default: no bound)")
+            p.add_argument("--value", default=None)
+        else:
+            p.add_argument("--prefix", action="store_true")
+    args = ap.parse_args(argv)
+    client = Client(args.target[0], targets=args.target[1:], token=args.token)
+    try:
+        return _hold(client, args) if args.cmd == "hold" else _watch(client, args)
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
