@@ -41,6 +41,10 @@ type ProcessConfig struct {
 	// HCL holds extra agent configuration fragments, passed as -hcl after
 	// the harness's own (so they may override it), e.g. `session_ttl_min = "1s"`.
 	HCL []string
+	// Token is the ACL token the readiness probe uses. Set it (with an HCL
+	// fragment that enables ACLs and makes it the initial management token)
+	// to run an agent whose default policy is deny; "" sends no token.
+	Token string
 }
 
 // Process is a running `consul agent -dev` child process.
@@ -138,7 +142,7 @@ func launch(ctx context.Context, cfg ProcessConfig, pp ports, node string) (*Pro
 
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	if err := waitReady(ctx, p.HTTPAddr(), "127.0.0.1:"+strconv.Itoa(pp.Server), p.done); err != nil {
+	if err := waitReady(ctx, p.HTTPAddr(), "127.0.0.1:"+strconv.Itoa(pp.Server), cfg.Token, p.done); err != nil {
 		stopErr := p.Stop()
 		if p.tail.contains("address already in use") {
 			err = fmt.Errorf("%w: %w", errBind, err)

@@ -16,10 +16,11 @@ import (
 const readyKey = "_consultest/ready"
 
 // waitReady polls the agent at addr until it reports itself (the agent whose
-// server RPC address is leader) as leader and a KV write succeeds, the agent
-// exits (exited is closed), or ctx is done. Checking the leader's address
-// guards against probing some other agent that took our HTTP port.
-func waitReady(ctx context.Context, addr, leader string, exited <-chan struct{}) error {
+// server RPC address is leader) as leader and a KV write (with token, if not
+// "") succeeds, the agent exits (exited is closed), or ctx is done. Checking
+// the leader's address guards against probing some other agent that took our
+// HTTP port.
+func waitReady(ctx context.Context, addr, leader, token string, exited <-chan struct{}) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { // abort an in-flight probe as soon as the agent dies
@@ -31,7 +32,7 @@ func waitReady(ctx context.Context, addr, leader string, exited <-chan struct{})
 	}()
 	tr := newTransport()
 	defer tr.CloseIdleConnections()
-	c, err := api.NewClient(&api.Config{Address: addr, Scheme: "http", Transport: tr})
+	c, err := api.NewClient(&api.Config{Address: addr, Scheme: "http", Transport: tr, Token: token})
 	if err != nil {
 		return err
 	}
