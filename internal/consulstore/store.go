@@ -1,15 +1,35 @@
 // Package consulstore is the only package that talks to Consul. Its *Store
 // implements the store interface that internal/broker declares, with
 // github.com/hashicorp/consul/api.
+//
+// # Connection budgets
+//
+// A Store keeps two HTTP transports to its agent, built from one api.Config:
+// one for blocking queries (Watch), capped at Options.MaxBlocking
+// connections, and one for everything else (session renewals, transactions,
+// reads), capped at Options.MaxConns. Watch also takes one of MaxBlocking
+// slots before it asks Consul, and waits for a free one, so however many
+// keys the broker watches, a burst of watches can never take the
+// connections a renewal needs. With the defaults (32 + 64) one replica stays
+// under 100 connections: two replicas on one host fit under Consul's
+// default http_max_conns_per_client of 200.
+//
+// # Errors
+//
+// Every method returns the typed errors internal/broker declares, built
+// from the HTTP status Consul answered with (recorded by the Store's own
+// transport), api.StatusError, the ACL-filtering header and, for a
+// transaction Consul rolled back, the message of each failing operation
+// compared with the exact text Consul builds for that verb and key. A
+// caller's context error comes back as it is; a timeout the Store imposed
+// is StoreUnavailable. No error text carries the ACL token.
 package consulstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
-	"strings"
+	"net/http"
 	"sync/atomic"
 	"time"
 
@@ -18,287 +38,212 @@ import (
 	"github.com/lockbroker/lockbroker/internal/broker"
 )
 
-// Store talks to one Consul agent.
-type Store struct {
-	c *api.Client
-	// blocking counts open blocking queries (for the metric).
-	blocking atomic.Int64
-	// waitTime bounds each blocking query.
-	waitTime time.Duration
+// Defaults for Options.
+const (
+	// DefaultWaitTime bounds each blocking query. A watch nobody needs any
+	// more lingers until its query returns (Consul keeps serving an
+	// abandoned query, and its connection, until then), so this is also
+	// how long an idle watch holds a connection.
+	DefaultWaitTime = 30 * time.Second
+	// DefaultMaxBlocking is the default cap on concurrent blocking queries.
+	DefaultMaxBlocking = 32
+	// DefaultMaxConns is the default cap on connections for every call
+	// that is not a blocking query.
+	DefaultMaxConns = 64
+	// DefaultCallTimeout bounds each call that is not a blocking query.
+	DefaultCallTimeout = 10 * time.Second
+)
+
+// maxWaitTime is Consul's own cap on a blocking query's wait.
+const maxWaitTime = 10 * time.Minute
+
+// Options tunes a Store. The zero value selects every default.
+type Options struct {
+	// WaitTime bounds each blocking query (Watch); default
+	// DefaultWaitTime (30s). Consul adds up to WaitTime/16 of jitter. A
+	// value above Consul's cap of 10m, or negative, is an error.
+	WaitTime time.Duration
+	// MaxBlocking caps the blocking queries in flight (Watch calls beyond
+	// it wait for a slot) and the connections of their transport; default
+	// DefaultMaxBlocking (32). Negative is an error.
+	MaxBlocking int
+	// MaxConns caps the connections used by every other call (renewals,
+	// transactions, reads); default DefaultMaxConns (64). Calls beyond it
+	// wait for a connection, within their timeout. Negative is an error.
+	// Keep MaxBlocking + MaxConns at most half of the agent's
+	// http_max_conns_per_client (200 by default) to leave room for a
+	// second replica on the same host.
+	MaxConns int
+	// CallTimeout bounds each call that is not a blocking query when ctx
+	// has no earlier deadline; default DefaultCallTimeout (10s). A Watch is
+	// bounded by WaitTime + WaitTime/16 + CallTimeout. A call the timeout
+	// ends fails with StoreUnavailable. Negative is an error.
+	CallTimeout time.Duration
 }
 
-// MaxConns is how many connections the broker opens to its Consul agent:
-// below Consul's default http_max_conns_per_client (200). Blocking queries
-// are bounded by the broker's watch budget; the rest serve writes and
-// renewals, reused through an idle pool of the same size.
+// withDefaults returns o with zero fields set to their defaults, or an
+// error for a bad value.
+func (o Options) withDefaults() (Options, error) {
+	switch {
+	case o.WaitTime < 0 || o.WaitTime > maxWaitTime:
+		return o, fmt.Errorf("consulstore: WaitTime %v outside [0, %v]", o.WaitTime, maxWaitTime)
+	case o.MaxBlocking < 0:
+		return o, fmt.Errorf("consulstore: negative MaxBlocking %d", o.MaxBlocking)
+	case o.MaxConns < 0:
+		return o, fmt.Errorf("consulstore: negative MaxConns %d", o.MaxConns)
+	case o.CallTimeout < 0:
+		return o, fmt.Errorf("consulstore: negative CallTimeout %v", o.CallTimeout)
+	}
+	if o.WaitTime == 0 {
+		o.WaitTime = DefaultWaitTime
+	}
+	if o.MaxBlocking == 0 {
+		o.MaxBlocking = DefaultMaxBlocking
+	}
+	if o.MaxConns == 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = DefaultCallTimeout
+	}
+	return o, nil
+}
+
+// watchTimeout is how long a Watch may take: Consul's wait plus its
+// jitter, plus the time a plain call gets.
+func (o Options) watchTimeout() time.Duration {
+	return o.WaitTime + o.WaitTime/16 + o.CallTimeout
+}
+
+// Store talks to one Consul agent. Its methods are safe for concurrent use.
+type Store struct {
+	opts Options
+	// c serves every call but Watch; blockingC serves Watch.
+	c, blockingC *api.Client
+	// transports are closed by Close (nil for a Store built by New).
+	transports []*http.Transport
+	// secrets are redacted from every error text.
+	secrets []string
+
+	slots    chan struct{} // one per blocking query allowed in flight
+	blocking atomic.Int64  // blocking queries in flight
+	queued   atomic.Int64  // Watch calls waiting for a slot
+	counts   counters
+}
+
+// Open returns a Store for the agent cfg names. It builds two clients from
+// cfg, each on a transport of its own (see the package comment): a copy of
+// cfg.Transport if set, else a pooled transport like api.DefaultConfig's.
+// TLS works as in api.NewClient: cfg.TLSConfig, with the CONSUL_CACERT,
+// CONSUL_CLIENT_CERT, ... variables filling what it leaves empty, applies to
+// both transports unless cfg.Transport already carries a TLS config. cfg is
+// not modified; cfg.HttpClient must be nil (the Store needs its own).
+func Open(cfg *api.Config, opts Options) (*Store, error) {
+	if cfg == nil {
+		cfg = api.DefaultConfig()
+	}
+	if cfg.HttpClient != nil {
+		return nil, errors.New("consulstore: cfg.HttpClient is set; the store builds its own clients")
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c, tr, token, err := newClient(*cfg, opts.MaxConns)
+	if err != nil {
+		return nil, err
+	}
+	bc, btr, _, err := newClient(*cfg, opts.MaxBlocking)
+	if err != nil {
+		tr.CloseIdleConnections()
+		return nil, err
+	}
+	s := newStore(c, bc, opts)
+	s.transports = []*http.Transport{tr, btr}
+	s.secrets = secretsOf(cfg, token)
+	return s, nil
+}
+
+func newStore(c, blockingC *api.Client, opts Options) *Store {
+	return &Store{opts: opts, c: c, blockingC: blockingC, slots: make(chan struct{}, opts.MaxBlocking)}
+}
+
+// Close releases the Store's idle connections. Call it once no call is in
+// flight; the Store must not be used afterwards.
+func (s *Store) Close() {
+	for _, tr := range s.transports {
+		tr.CloseIdleConnections()
+	}
+}
+
+// MaxConns is the connection cap NewClient gives its client.
+//
+// Deprecated: Open sizes two budgets (Options.MaxBlocking and
+// Options.MaxConns) instead.
 const MaxConns = 180
 
-// NewClient returns a Consul client for cfg with the broker's connection
-// limits.
+// NewClient returns a Consul client for cfg with one transport capped at
+// MaxConns connections. It sets cfg.Transport if nil and changes its limits.
+//
+// Deprecated: use Open, which keeps blocking queries and the other calls on
+// separate connection budgets. NewClient and New remain until every caller
+// has moved.
 func NewClient(cfg *api.Config) (*api.Client, error) {
 	if cfg.Transport == nil {
 		cfg.Transport = api.DefaultConfig().Transport
 	}
 	cfg.Transport.MaxConnsPerHost = MaxConns
 	cfg.Transport.MaxIdleConnsPerHost = MaxConns
-	return api.NewClient(cfg)
-}
-
-// DefaultWaitTime bounds each blocking query. A watch nobody needs any
-// more lingers until its query returns (Consul keeps serving an abandoned
-// query, and its connection, until then), so this is also how long an
-// idle watch holds a connection.
-const DefaultWaitTime = 30 * time.Second
-
-// New returns a Store on client. Blocking queries wait at most waitTime
-// each (0: DefaultWaitTime).
-func New(client *api.Client, waitTime time.Duration) *Store {
-	if waitTime <= 0 {
-		waitTime = DefaultWaitTime
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		return nil, err
 	}
-	return &Store{c: client, waitTime: waitTime}
+	if hc := cfg.HttpClient; hc != nil {
+		hc.Transport = recorder{next: hc.Transport}
+	}
+	return c, nil
 }
 
-// Client returns the underlying Consul client.
+// New returns a Store on client, whose blocking queries wait at most
+// waitTime each (0: DefaultWaitTime). Watch and every other call share
+// client's connections; Watch still holds at most DefaultMaxBlocking
+// queries in flight.
+//
+// Deprecated: use Open. A client not made by NewClient loses the HTTP
+// status of some failures (they become StoreUnavailable).
+func New(client *api.Client, waitTime time.Duration) *Store {
+	opts, err := Options{WaitTime: waitTime}.withDefaults()
+	if err != nil {
+		opts, _ = Options{}.withDefaults()
+	}
+	return newStore(client, client, opts)
+}
+
+// Client returns the Consul client of the Store's non-blocking calls.
+// Calls made through it are not counted and their errors not classified;
+// it is meant for tests and tools.
 func (s *Store) Client() *api.Client { return s.c }
 
-// OpenBlockingQueries is the number of Consul blocking queries in flight.
+// OpenBlockingQueries is the number of Consul blocking queries in flight;
+// never more than Options.MaxBlocking.
 func (s *Store) OpenBlockingQueries() int64 { return s.blocking.Load() }
 
-// Healthy reports whether Consul answers and has a leader.
+// QueuedBlockingQueries is the number of Watch calls waiting for a
+// blocking-query slot.
+func (s *Store) QueuedBlockingQueries() int64 { return s.queued.Load() }
+
+// Options returns the Store's options, defaults filled in.
+func (s *Store) Options() Options { return s.opts }
+
+// Healthy reports whether Consul answers and has a leader: nil, a
+// *broker.StoreError, or ctx's error.
 func (s *Store) Healthy(ctx context.Context) error {
-	leader, err := s.c.Status().LeaderWithQueryOptions((&api.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return wrap(err)
+	c := s.begin(ctx, opStatusLeader, s.opts.CallTimeout)
+	leader, err := s.c.Status().LeaderWithQueryOptions((&api.QueryOptions{}).WithContext(c.ctx))
+	if err == nil && leader == "" {
+		err = &broker.StoreError{Kind: broker.StoreUnavailable, Op: c.opName(), Err: errors.New("no cluster leader")}
 	}
-	if leader == "" {
-		return fmt.Errorf("%w: no leader", broker.ErrUnavailable)
-	}
-	return nil
-}
-
-// CreateSession implements broker.Store. It writes the create body itself:
-// api.Session.Create leaves out a zero lock-delay and an empty check list,
-// and Consul then applies its defaults (15s, serfHealth).
-func (s *Store) CreateSession(ctx context.Context, spec broker.SessionSpec) (string, error) {
-	behavior := api.SessionBehaviorRelease
-	if spec.Delete {
-		behavior = api.SessionBehaviorDelete
-	}
-	checks := spec.Checks
-	if checks == nil {
-		checks = []string{} // no serfHealth default: the TTL alone decides
-	}
-	body := map[string]any{
-		"Name":       spec.Name,
-		"TTL":        spec.TTL.String(),
-		"LockDelay":  fmt.Sprintf("%dms", spec.LockDelay.Milliseconds()),
-		"Behavior":   behavior,
-		"NodeChecks": checks,
-		"Checks":     []string{},
-	}
-	var out struct{ ID string }
-	if _, err := s.c.Raw().Write("/v1/session/create", body, &out, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
-		return "", wrap(err)
-	}
-	return out.ID, nil
-}
-
-// RenewSession implements broker.Store.
-func (s *Store) RenewSession(ctx context.Context, id string) (*broker.SessionInfo, error) {
-	e, _, err := s.c.Session().Renew(id, (&api.WriteOptions{}).WithContext(ctx))
-	if err != nil {
-		return nil, wrap(err)
-	}
-	if e == nil {
-		return nil, fmt.Errorf("%w: %s", broker.ErrSessionNotFound, id)
-	}
-	return sessionInfo(e), nil
-}
-
-// DestroySession implements broker.Store.
-func (s *Store) DestroySession(ctx context.Context, id string) error {
-	_, err := s.c.Session().Destroy(id, (&api.WriteOptions{}).WithContext(ctx))
-	return wrap(err)
-}
-
-// Session implements broker.Store.
-func (s *Store) Session(ctx context.Context, id string) (*broker.SessionInfo, error) {
-	es, _, err := s.c.Session().Info(id, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
-	if err != nil {
-		return nil, wrap(err)
-	}
-	if es == nil {
-		return nil, fmt.Errorf("%w: %s", broker.ErrSessionNotFound, id)
-	}
-	return sessionInfo(es), nil
-}
-
-func sessionInfo(e *api.SessionEntry) *broker.SessionInfo {
-	ttl, _ := time.ParseDuration(e.TTL)
-	checks := append([]string(nil), e.NodeChecks...)
-	for _, c := range e.ServiceChecks {
-		checks = append(checks, c.ID)
-	}
-	return &broker.SessionInfo{
-		ID:          e.ID,
-		Name:        e.Name,
-		Node:        e.Node,
-		TTL:         ttl,
-		LockDelay:   e.LockDelay,
-		Delete:      e.Behavior == api.SessionBehaviorDelete,
-		Checks:      checks,
-		CreateIndex: e.CreateIndex,
-	}
-}
-
-// List implements broker.Store.
-func (s *Store) List(ctx context.Context, prefix string, consistent bool) ([]*broker.Entry, uint64, error) {
-	pairs, meta, err := s.c.KV().List(prefix, (&api.QueryOptions{RequireConsistent: consistent}).WithContext(ctx))
-	if err != nil {
-		return nil, 0, wrap(err)
-	}
-	return entries(pairs), meta.LastIndex, nil
-}
-
-// Watch implements broker.Store.
-func (s *Store) Watch(ctx context.Context, prefix string, waitIndex uint64) ([]*broker.Entry, uint64, error) {
-	q := &api.QueryOptions{WaitIndex: waitIndex, WaitTime: s.waitTime}
-	s.blocking.Add(1)
-	defer s.blocking.Add(-1)
-	pairs, meta, err := s.c.KV().List(prefix, q.WithContext(ctx))
-	if err != nil {
-		return nil, 0, wrap(err)
-	}
-	return entries(pairs), meta.LastIndex, nil
-}
-
-// Sessions implements broker.Store.
-func (s *Store) Sessions(ctx context.Context) ([]*broker.SessionInfo, error) {
-	es, _, err := s.c.Session().List((&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
-	if err != nil {
-		return nil, wrap(err)
-	}
-	out := make([]*broker.SessionInfo, 0, len(es))
-	for _, e := range es {
-		out = append(out, sessionInfo(e))
-	}
-	return out, nil
-}
-
-func entries(pairs api.KVPairs) []*broker.Entry {
-	out := make([]*broker.Entry, 0, len(pairs))
-	for _, p := range pairs {
-		out = append(out, entry(p))
-	}
-	return out
-}
-
-// Txn implements broker.Store.
-func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, error) {
-	txn := make(api.TxnOps, 0, len(ops))
-	for _, op := range ops {
-		txn = append(txn, &api.TxnOp{KV: &api.KVTxnOp{
-			Verb:    api.KVOp(op.Verb),
-			Key:     op.Key,
-			Value:   op.Value,
-			Flags:   op.Flags,
-			Index:   op.Index,
-			Session: op.Session,
-		}})
-	}
-	ok, resp, _, err := s.c.Txn().Txn(txn, (&api.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return nil, wrap(err)
-	}
-	if !ok {
-		te := &broker.TxnError{}
-		if resp != nil {
-			for _, e := range resp.Errors {
-				te.Failures = append(te.Failures, broker.TxnFailure{Op: e.OpIndex, Kind: txnFailureKind(e.What)})
-			}
-		}
-		return nil, te
-	}
-	// Consul returns results only for the ops that produce an entry; put
-	// each back at its op's position.
-	out := make([]*broker.Entry, len(ops))
-	next := 0
-	for i, op := range ops {
-		switch op.Verb {
-		case broker.OpCheckNotExists, broker.OpDelete, broker.OpDeleteCAS:
-			continue
-		}
-		if next < len(resp.Results) && resp.Results[next] != nil && resp.Results[next].KV != nil {
-			out[i] = entry(resp.Results[next].KV)
-		}
-		next++
-	}
-	return out, nil
-}
-
-// txnFailureKind classifies one of Consul's transaction errors (the
-// messages of agent/consul/state/txn.go and kvs.go).
-func txnFailureKind(what string) broker.TxnFailureKind {
-	switch {
-	case strings.Contains(what, "due to lock delay"):
-		return broker.TxnLockDelay
-	case strings.Contains(what, "lock is already held"):
-		return broker.TxnLockHeld
-	case strings.Contains(what, "invalid session"), strings.Contains(what, "missing session"):
-		return broker.TxnSessionInvalid
-	case strings.Contains(what, "lock isn't held"):
-		return broker.TxnNotHeld
-	case strings.Contains(what, "index is stale"), strings.Contains(what, "failed index check"),
-		strings.Contains(what, "failed session check"), strings.Contains(what, "doesn't exist"),
-		strings.Contains(what, "exists"):
-		return broker.TxnCheckFailed
-	}
-	return broker.TxnOther
-}
-
-func entry(p *api.KVPair) *broker.Entry {
-	return &broker.Entry{
-		Key:         p.Key,
-		Value:       p.Value,
-		Flags:       p.Flags,
-		Session:     p.Session,
-		LockIndex:   p.LockIndex,
-		CreateIndex: p.CreateIndex,
-		ModifyIndex: p.ModifyIndex,
-	}
-}
-
-// wrap turns transport failures and Consul's 5xx answers into
-// broker.ErrUnavailable, and passes context errors through.
-func wrap(err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	var ne net.Error
-	var ue *url.Error
-	msg := err.Error()
-	if errors.As(err, &ne) || errors.As(err, &ue) ||
-		strings.Contains(msg, "No cluster leader") || strings.Contains(msg, "Unexpected response code: 5") ||
-		strings.Contains(msg, "Unexpected response code: 429") || strings.Contains(msg, "429 Too Many Requests") ||
-		strings.Contains(msg, "connection refused") || strings.Contains(msg, "EOF") {
-		return &broker.StoreError{Kind: broker.StoreUnavailable, Op: "request", Err: errors.New(redact(msg))}
-	}
-	if strings.Contains(msg, "Unexpected response code: 403") || strings.Contains(msg, "Permission denied") {
-		return &broker.StoreError{Kind: broker.StorePermissionDenied, Op: "request", Err: errors.New(redact(msg))}
-	}
-	return &broker.StoreError{Kind: broker.StoreRejected, Op: "request", Err: errors.New(redact(msg))}
-}
-
-// redact removes anything that looks like a token parameter from a message.
-func redact(msg string) string {
-	if i := strings.Index(msg, "token="); i >= 0 {
-		return msg[:i] + "token=REDACTED"
-	}
-	return msg
+	return c.end(err)
 }
 
 var _ broker.Store = (*Store)(nil)

@@ -1,0 +1,166 @@
+package consulstore
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lockbroker/lockbroker/internal/broker"
+)
+
+// opKind is a kind of Consul call the Store makes.
+type opKind uint8
+
+// The kinds of Consul call.
+const (
+	opSessionCreate opKind = iota
+	opSessionRenew
+	opSessionDestroy
+	opSessionInfo
+	opSessionList
+	opKVList
+	opKVWatch
+	opKVTxnWrite
+	opKVTxnRead
+	opStatusLeader
+	numOps
+)
+
+// opNames gives each kind its metric label and its name in errors.
+var opNames = [numOps]struct{ metric, consul string }{
+	opSessionCreate:  {"session_create", "session create"},
+	opSessionRenew:   {"session_renew", "session renew"},
+	opSessionDestroy: {"session_destroy", "session destroy"},
+	opSessionInfo:    {"session_info", "session info"},
+	opSessionList:    {"session_list", "session list"},
+	opKVList:         {"kv_list", "kv list"},
+	opKVWatch:        {"kv_watch", "kv watch"},
+	opKVTxnWrite:     {"kv_txn_write", "kv txn"},
+	opKVTxnRead:      {"kv_txn_read", "kv txn"},
+	opStatusLeader:   {"status_leader", "status leader"},
+}
+
+// result is the outcome of a call.
+type result uint8
+
+// The outcomes.
+const (
+	resOK result = iota
+	resNotFound
+	resUnavailable
+	resPermissionDenied
+	resRejected
+	resTxnRolledBack
+	resCanceled
+	numResults
+)
+
+var resultNames = [numResults]string{
+	resOK:               "ok",
+	resNotFound:         "not_found",
+	resUnavailable:      "unavailable",
+	resPermissionDenied: "permission_denied",
+	resRejected:         "rejected",
+	resTxnRolledBack:    "txn_rolled_back",
+	resCanceled:         "canceled",
+}
+
+// resultOf classifies a call's final error.
+func resultOf(err error) result {
+	var se *broker.StoreError
+	var te *broker.TxnError
+	switch {
+	case err == nil:
+		return resOK
+	case errors.As(err, &se):
+		switch se.Kind {
+		case broker.StorePermissionDenied:
+			return resPermissionDenied
+		case broker.StoreRejected:
+			return resRejected
+		}
+		return resUnavailable
+	case errors.As(err, &te):
+		return resTxnRolledBack
+	case errors.Is(err, broker.ErrSessionNotFound):
+		return resNotFound
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return resCanceled
+	}
+	return resUnavailable
+}
+
+// possible reports whether a call of kind op can end with r, so that the
+// collector exports only series that can move.
+func possible(op opKind, r result) bool {
+	switch r {
+	case resNotFound:
+		return op == opSessionRenew || op == opSessionInfo
+	case resTxnRolledBack:
+		return op == opKVTxnWrite || op == opKVTxnRead
+	}
+	return true
+}
+
+// counters counts calls per kind and outcome, lock-free.
+type counters struct {
+	n [numOps][numResults]atomic.Uint64
+}
+
+func (c *counters) add(op opKind, r result) { c.n[op][r].Add(1) }
+
+// OpCounts returns how many Consul calls the Store has made per kind of
+// operation, whatever their outcome, keyed by the metric's op label
+// (session_create, session_renew, session_destroy, session_info,
+// session_list, kv_list, kv_watch, kv_txn_write, kv_txn_read,
+// status_leader). Every kind is present. Subtract two snapshots to count
+// the calls of a piece of work.
+func (s *Store) OpCounts() map[string]uint64 {
+	out := make(map[string]uint64, numOps)
+	for op := range numOps {
+		var n uint64
+		for r := range numResults {
+			n += s.counts.n[op][r].Load()
+		}
+		out[opNames[op].metric] = n
+	}
+	return out
+}
+
+var (
+	requestsDesc = prometheus.NewDesc("lockbroker_consul_requests_total",
+		"Consul HTTP API calls made by the broker, by operation and result "+
+			"(ok, not_found, unavailable, permission_denied, rejected, txn_rolled_back, canceled).",
+		[]string{"op", "result"}, nil)
+	queuedDesc = prometheus.NewDesc("lockbroker_consul_blocking_queries_queued",
+		"Watches waiting for one of the capped Consul blocking-query slots.", nil, nil)
+)
+
+// Collector returns a prometheus.Collector for the Store's metrics:
+// lockbroker_consul_requests_total{op,result} and
+// lockbroker_consul_blocking_queries_queued. Register it once per Store.
+// (The number of blocking queries in flight is OpenBlockingQueries; the
+// server exports it as lockbroker_consul_blocking_queries.)
+func (s *Store) Collector() prometheus.Collector { return collector{s} }
+
+type collector struct{ s *Store }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- requestsDesc
+	ch <- queuedDesc
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	for op := range numOps {
+		for r := range numResults {
+			if !possible(op, r) {
+				continue
+			}
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue,
+				float64(c.s.counts.n[op][r].Load()), opNames[op].metric, resultNames[r])
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(c.s.queued.Load()))
+}

@@ -1,0 +1,77 @@
+package consulstore
+
+import (
+	"net/http"
+
+	"github.com/hashicorp/consul/api"
+)
+
+// newClient builds an api.Client for cfg on a transport of its own, capped
+// at maxConns connections, and returns the client, its transport and the
+// token it sends. api.NewClient fills cfg from the environment (token, TLS
+// files) and sets the transport's TLS config from cfg.TLSConfig unless the
+// transport already has one, so both clients of a Store get the same TLS.
+func newClient(cfg api.Config, maxConns int) (*api.Client, *http.Transport, string, error) {
+	if cfg.Transport != nil {
+		cfg.Transport = cfg.Transport.Clone()
+	} else {
+		cfg.Transport = api.DefaultConfig().Transport
+	}
+	cfg.HttpClient = nil
+	c, err := api.NewClient(&cfg)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	// cfg.HttpClient is now the client c uses (for a unix:// address, on a
+	// transport api.NewClient made itself): limit and wrap its transport.
+	tr := cfg.HttpClient.Transport.(*http.Transport)
+	tr.MaxConnsPerHost = maxConns
+	tr.MaxIdleConnsPerHost = maxConns
+	tr.MaxIdleConns = max(tr.MaxIdleConns, maxConns)
+	cfg.HttpClient.Transport = recorder{next: tr}
+	return c, tr, cfg.Token, nil
+}
+
+// secretsOf returns the credentials in cfg that must never appear in an
+// error: the ACL token and the HTTP basic-auth password.
+func secretsOf(cfg *api.Config, token string) []string {
+	var out []string
+	for _, s := range []string{token, cfg.Token} {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	if cfg.HttpAuth != nil && cfg.HttpAuth.Password != "" {
+		out = append(out, cfg.HttpAuth.Password)
+	}
+	return out
+}
+
+// record is what the transport saw of one call's HTTP answer. The api
+// package drops the status of some failures (a txn's "Failed request", a
+// renewal's "Unexpected response code") and every response header of a
+// failure; the recorder keeps them for classification.
+type record struct {
+	status     int    // HTTP status of the last response, 0 if none
+	retryAfter string // its Retry-After header
+}
+
+// recordKey is the context key of a call's *record.
+type recordKey struct{}
+
+// recorder is an http.RoundTripper that stores what it sees of a response
+// in the *record of the request's context, if any. It runs on the caller's
+// goroutine (http.Client.Do calls it synchronously), so the caller reads
+// the record after the call without further synchronization.
+type recorder struct{ next http.RoundTripper }
+
+func (t recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	if resp != nil {
+		if r, _ := req.Context().Value(recordKey{}).(*record); r != nil {
+			r.status = resp.StatusCode
+			r.retryAfter = resp.Header.Get("Retry-After")
+		}
+	}
+	return resp, err
+}

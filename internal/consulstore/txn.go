@@ -1,0 +1,202 @@
+package consulstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/lockbroker/lockbroker/internal/broker"
+)
+
+// verbs lists the transaction verbs the Store accepts and what Consul does
+// with each: whether it writes (a transaction without a write is served by
+// Consul's read path, without Raft, and reports every failing check) and
+// whether it produces a result entry (state/txn.go txnKVS: every verb that
+// touches one existing entry does; check-not-exists, delete and delete-cas
+// do not). Only get's entry carries the value.
+var verbs = map[broker.OpVerb]struct{ write, result bool }{
+	broker.OpLock:           {write: true, result: true},
+	broker.OpUnlock:         {write: true, result: true},
+	broker.OpCAS:            {write: true, result: true},
+	broker.OpSet:            {write: true, result: true},
+	broker.OpDelete:         {write: true, result: false},
+	broker.OpDeleteCAS:      {write: true, result: false},
+	broker.OpGet:            {write: false, result: true},
+	broker.OpCheckIndex:     {write: false, result: true},
+	broker.OpCheckSession:   {write: false, result: true},
+	broker.OpCheckNotExists: {write: false, result: false},
+}
+
+// Txn implements broker.Store. It returns one slot per op, in order: the
+// entry Consul returned for it (with Value only for get), or nil for
+// check-not-exists, delete and delete-cas. A transaction of only get and
+// check verbs is a consistent read (no Raft write). More than
+// broker.MaxTxnOps ops, or an unknown verb, is StoreRejected without a call
+// to Consul; no ops is an empty result without a call.
+//
+// A rolled-back transaction is a *broker.TxnError with each failing op's
+// kind, unless one of its failures is an ACL denial: then the whole call is
+// StorePermissionDenied. A successful transaction whose results Consul
+// filtered by ACLs (a get of a key the token may not read) is also
+// StorePermissionDenied, even though its writes, if any, were applied.
+func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, error) {
+	if len(ops) == 0 {
+		return []*broker.Entry{}, nil
+	}
+	txn, write, err := txnOps(ops)
+	if err != nil {
+		return nil, &broker.StoreError{Kind: broker.StoreRejected, Op: opNames[opKVTxnWrite].consul, Err: err}
+	}
+	kind := opKVTxnRead
+	if write {
+		kind = opKVTxnWrite
+	}
+	c := s.begin(ctx, kind, s.opts.CallTimeout)
+	q := &api.QueryOptions{RequireConsistent: !write} // no effect on a write
+	ok, resp, _, err := s.c.Txn().Txn(txn, q.WithContext(c.ctx))
+	var out []*broker.Entry
+	switch {
+	case err != nil:
+	case !ok:
+		err = c.rolledBack(ops, resp.Errors)
+	default:
+		out, err = c.results(ops, resp.Results)
+	}
+	if err = c.end(err); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// txnOps converts ops to Consul's, and reports whether any writes.
+func txnOps(ops []broker.Op) (api.TxnOps, bool, error) {
+	if len(ops) > broker.MaxTxnOps {
+		return nil, false, fmt.Errorf("%d operations, more than Consul's %d", len(ops), broker.MaxTxnOps)
+	}
+	txn := make(api.TxnOps, 0, len(ops))
+	write := false
+	for i, op := range ops {
+		v, known := verbs[op.Verb]
+		if !known {
+			return nil, false, fmt.Errorf("operation %d: unsupported verb %q", i, op.Verb)
+		}
+		write = write || v.write
+		txn = append(txn, &api.TxnOp{KV: &api.KVTxnOp{
+			Verb:    api.KVOp(op.Verb),
+			Key:     op.Key,
+			Value:   op.Value,
+			Flags:   op.Flags,
+			Index:   op.Index,
+			Session: op.Session,
+		}})
+	}
+	return txn, write, nil
+}
+
+// results puts each of Consul's results back at the position of the op
+// that produced it. Fewer results than ops that produce one means Consul
+// filtered some by ACLs.
+func (c *call) results(ops []broker.Op, res api.TxnResults) ([]*broker.Entry, error) {
+	want := 0
+	for _, op := range ops {
+		if verbs[op.Verb].result {
+			want++
+		}
+	}
+	if len(res) != want {
+		return nil, c.fail(broker.StorePermissionDenied,
+			fmt.Errorf("%d of %d transaction results returned: results filtered by ACLs", len(res), want))
+	}
+	out := make([]*broker.Entry, len(ops))
+	next := 0
+	for i, op := range ops {
+		if !verbs[op.Verb].result {
+			continue
+		}
+		if r := res[next]; r != nil && r.KV != nil {
+			out[i] = entry(r.KV)
+		}
+		next++
+	}
+	return out, nil
+}
+
+// permissionDenied starts the message of every ACL denial
+// (acl.PermissionDeniedError).
+const permissionDenied = "Permission denied"
+
+// rolledBack builds the error of a transaction Consul rolled back (HTTP 409).
+func (c *call) rolledBack(ops []broker.Op, errs api.TxnErrors) error {
+	if len(errs) == 0 {
+		return c.fail(broker.StoreRejected, errors.New("transaction rolled back without errors"))
+	}
+	te := &broker.TxnError{Failures: make([]broker.TxnFailure, 0, len(errs))}
+	for _, e := range errs {
+		if strings.HasPrefix(e.What, permissionDenied) {
+			return c.fail(broker.StorePermissionDenied, fmt.Errorf("operation %d: %s", e.OpIndex, e.What))
+		}
+		kind := broker.TxnOther
+		if e.OpIndex >= 0 && e.OpIndex < len(ops) {
+			kind = failureKind(ops[e.OpIndex], e.What)
+		}
+		te.Failures = append(te.Failures, broker.TxnFailure{Op: e.OpIndex, Kind: kind})
+	}
+	return te
+}
+
+// failureKind classifies Consul's message for a failing op. It compares the
+// message with the exact text Consul builds for the op's verb and key
+// (agent/consul/state/txn.go and kvs.go for the state checks,
+// agent/consul/txn_endpoint.go for lock-delay), so a key that happens to
+// contain "exists" or "lock is already held" cannot be misread.
+func failureKind(op broker.Op, what string) broker.TxnFailureKind {
+	k := op.Key
+	switch op.Verb {
+	case broker.OpLock:
+		switch what {
+		case fmt.Sprintf("failed to lock key %q, lock is already held", k):
+			return broker.TxnLockHeld
+		case fmt.Sprintf("failed to lock key %q due to lock delay", k):
+			return broker.TxnLockDelay
+		case "missing session", fmt.Sprintf("invalid session %#v", op.Session):
+			return broker.TxnSessionInvalid
+		}
+	case broker.OpUnlock:
+		switch what {
+		case fmt.Sprintf("failed to unlock key %q, lock isn't held, or is held by another session", k):
+			return broker.TxnNotHeld
+		case "missing session":
+			return broker.TxnSessionInvalid
+		}
+	case broker.OpCAS:
+		if what == fmt.Sprintf("failed to set key %q, index is stale", k) {
+			return broker.TxnCheckFailed
+		}
+	case broker.OpDeleteCAS:
+		if what == fmt.Sprintf("failed to delete key %q, index is stale", k) {
+			return broker.TxnCheckFailed
+		}
+	case broker.OpCheckIndex:
+		if what == fmt.Sprintf("failed to check index, key %q doesn't exist", k) ||
+			strings.HasPrefix(what, fmt.Sprintf("failed index check for key %q, current modify index ", k)) {
+			return broker.TxnCheckFailed
+		}
+	case broker.OpCheckSession:
+		if what == fmt.Sprintf("failed to check session, key %q doesn't exist", k) ||
+			strings.HasPrefix(what, fmt.Sprintf("failed session check for key %q, current session ", k)) {
+			return broker.TxnCheckFailed
+		}
+	case broker.OpCheckNotExists:
+		if what == fmt.Sprintf("key %q exists", k) {
+			return broker.TxnCheckFailed
+		}
+	case broker.OpGet:
+		if what == fmt.Sprintf("key %q doesn't exist", k) {
+			return broker.TxnCheckFailed
+		}
+	}
+	return broker.TxnOther
+}
