@@ -1,0 +1,125 @@
+"""The conformance scenarios through lockbroker.aio (asyncio).
+
+S3 (a stopped broker) is run by the blocking API only: the deadline code
+path it checks is also what ends S4 here, and each costs a TTL of waiting.
+S5 runs CLI processes and S7 skips: both are language-level, not API-level.
+"""
+
+import asyncio
+import signal
+import time
+
+import pytest
+
+import lockbroker
+from lockbroker import aio
+from conftest import figure
+
+
+def run(coro, timeout=90):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def wait_for(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {timeout}s")
+        await asyncio.sleep(0.02)
+
+
+def test_aio_s1_lock_release_busy_timeout(broker, key):
+    async def main():
+        async with aio.Client(broker.addr) as client, aio.Client(broker.addr) as other:
+            lease = await client.lock(key, value=b"a")
+            assert lease.token > 0
+            state = await other.get_lock(key)
+            assert [(h.session_id, h.value) for h in state.holders] == [(lease.session_id, b"a")]
+            assert await other.try_lock(key) is None
+            with pytest.raises(lockbroker.LockHeld) as busy:
+                await other.lock(key, wait=0)
+            assert lease.session_id in [h.session_id for h in busy.value.holders]
+            t0 = time.monotonic()
+            with pytest.raises(lockbroker.WaitTimeout) as timeout:
+                await other.lock(key, wait=1.0)
+            took = time.monotonic() - t0
+            assert 0.9 <= took <= 10.0, took
+            assert lease.session_id in [h.session_id for h in timeout.value.holders]
+            assert await lease.release() is True
+            assert not lease.lost.is_set() and lease.released
+            assert not (await other.get_lock(key)).holders
+            async with await other.lock(key, wait=5) as again:
+                assert again.token > lease.token
+    run(main())
+
+
+def test_aio_s2_loss_on_session_destroy(cluster, broker, key):
+    async def main():
+        async with aio.Client(broker.addr) as client:
+            lease = await client.lock(key)
+            got = []
+            lease.on_lost(lambda err: got.append(time.monotonic()))
+            t0 = time.monotonic()
+            await asyncio.get_running_loop().run_in_executor(None, cluster.consul.destroy_session, lease.session_id)
+            err = await lease.wait_lost(5.0)
+            assert err is not None, "loss not reported within 5s"
+            latency = got[0] - t0
+            figure("S2 (aio) loss reported after session destroy", latency)
+            assert err.reason in ("SESSION_INVALIDATED", "RELEASED_BY_OTHER", "DELETED_BY_OTHER"), err
+            assert latency <= 1.0
+            with pytest.raises(lockbroker.LockLost):
+                lease.check()
+    run(main())
+
+
+def test_aio_s4_resume_then_loss(cluster, key):
+    a = cluster.broker("aio-s4-a")
+    b = cluster.broker("aio-s4-b")
+
+    async def main():
+        async with aio.Client(a.addr, targets=[b.addr]) as c:
+            lease = await c.lock(key, ttl=10)
+            assert lease.target == a.addr
+            token, known = lease.token, lease.deadline
+            a.signal(signal.SIGKILL)
+            killed = time.monotonic()
+            await wait_for(lambda: lease.target == b.addr, known - time.monotonic(), "resume on B")
+            figure("S4 (aio) resumed on B after SIGKILL of A", time.monotonic() - killed)
+            assert not lease.lost.is_set(), lease.error
+            assert lease.token == token
+            state = await c.get_lock(key)
+            assert [(h.session_id, h.token) for h in state.holders] == [(lease.session_id, token)]
+            await wait_for(lambda: lease.deadline > known + 1.0, 10.0, "keepalives from B")
+            b.signal(signal.SIGKILL)
+            known = lease.deadline
+            err = await lease.wait_lost(known - time.monotonic() + 5.0)
+            reported = time.monotonic()
+            assert err is not None, "loss never reported"
+            margin = known - reported
+            figure("S4 (aio) loss with no replica left, before the deadline by", margin)
+            assert err.reason == "KEEPALIVE_TIMEOUT", err
+            assert 0 < margin <= 1.0, margin
+    try:
+        run(main())
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_aio_s6_watch_holder_then_none(broker, key):
+    async def main():
+        async with aio.Client(broker.addr) as client, aio.Client(broker.addr) as other:
+            async with client.watch(key) as w:
+                async def until(pred):
+                    async for st in w:
+                        if pred(st):
+                            return st
+                first = await asyncio.wait_for(until(lambda st: True), 5)
+                assert first.kind == "none" and first.holder is None
+                lease = await other.lock(key, value=b"w")
+                st = await asyncio.wait_for(until(lambda st: st.held), 5)
+                assert (st.holder.session_id, st.holder.value) == (lease.session_id, b"w")
+                await lease.release()
+                st = await asyncio.wait_for(until(lambda st: not st.held), 5)
+                assert st.holders == ()
+    run(main())
