@@ -40,11 +40,11 @@ func (ch *child) signal(sig syscall.Signal) {
 }
 
 // stop sends SIGTERM to the process group, then SIGKILL if the child has not
-// exited within grace, and waits until it has. It reports whether SIGKILL
-// was needed.
-func (ch *child) stop(grace time.Duration) (killed bool) {
+// exited by killAt, and waits until it has. It reports whether SIGKILL was
+// needed.
+func (ch *child) stop(killAt time.Time) (killed bool) {
 	ch.signal(syscall.SIGTERM)
-	t := time.NewTimer(grace)
+	t := time.NewTimer(time.Until(killAt))
 	defer t.Stop()
 	select {
 	case <-ch.done:

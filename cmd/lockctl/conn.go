@@ -4,13 +4,21 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
+
+// clientKeepalive pings the broker after 10 s without traffic while a call
+// is open, and gives the connection up when a ping is not answered within
+// 5 s, so a vanished broker breaks the stream (the broker allows pings
+// every 5 s).
+var clientKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}
 
 // dial connects to the first broker, in the order given, that answers a
 // gRPC health check with SERVING within --connect-timeout. A broker that
@@ -48,7 +56,8 @@ func (c *cli) dial(ctx context.Context) (*grpc.ClientConn, error) {
 // for the server's overall status. A server without the health service
 // counts as serving. The connection is returned open unless err is set.
 func (c *cli) probe(ctx context.Context, addr string) (conn *grpc.ClientConn, serving bool, err error) {
-	conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(clientKeepalive))
 	if err != nil {
 		return nil, false, err
 	}

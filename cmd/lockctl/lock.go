@@ -37,7 +37,15 @@ refuse tokens lower than the highest they have seen):
 
 SIGINT, SIGTERM and SIGHUP are forwarded to CMD's process group; lockctl
 then exits with CMD's exit code. If the lock is lost while CMD runs, CMD's
-process group gets SIGTERM, then SIGKILL after --grace, and lockctl exits 75.
+process group gets SIGTERM, then SIGKILL after --grace (sooner if the hold's
+guarantee ends first, see below), and lockctl exits 75.
+
+The broker says how long the hold is guaranteed after every renewal
+(guaranteed_for). If no renewal arrives in time (the broker stalled, or the
+network to it is gone), lockctl treats the lock as lost, early enough that
+CMD is gone when the guarantee ends: SIGTERM at the end of the guarantee
+less --grace (at most a third of the guarantee), SIGKILL a quarter second
+before the end at the latest, exit 75.
 
 ` + exitCodesHelp
 
@@ -111,15 +119,17 @@ func cmdLock(ctx context.Context, c *cli, args []string) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	seq, err := awaitAcquired(c, &f, key, events, sigs)
+	acq, err := awaitAcquired(c, &f, key, events, sigs)
 	if err != nil {
 		return err
 	}
-	ch, err := startChild(path, argv, seqEnv(seq), c)
+	g := newGuarantee(acq.GetGuaranteedFor().AsDuration(), f.grace)
+	defer g.stop()
+	ch, err := startChild(path, argv, seqEnv(acq.GetSequencer()), c)
 	if err != nil {
 		return err
 	}
-	return supervise(c, &f, ch, events, sigs)
+	return supervise(c, &f, ch, g, events, sigs)
 }
 
 // recvResult is one Recv from the Acquire stream.
@@ -180,7 +190,7 @@ func (f *lockFlags) request(key string) *lockbrokerv1.AcquireRequest {
 // 73 and a wait that timed out (DEADLINE_EXCEEDED) exits 74, both with the
 // broker's message naming the holders; a signal gives up the wait and exits
 // 128+N.
-func awaitAcquired(c *cli, f *lockFlags, key string, events <-chan recvResult, sigs <-chan os.Signal) (*lockbrokerv1.Sequencer, error) {
+func awaitAcquired(c *cli, f *lockFlags, key string, events <-chan recvResult, sigs <-chan os.Signal) (*lockbrokerv1.AcquireAcquired, error) {
 	for {
 		select {
 		case s := <-sigs:
@@ -205,7 +215,7 @@ func awaitAcquired(c *cli, f *lockFlags, key string, events <-chan recvResult, s
 					fmt.Fprintf(c.stderr, "lockctl: acquired %q: session %s, token %d, held for at least %v\n",
 						seq.GetKey(), seq.GetSessionId(), seq.GetToken(), e.Acquired.GetGuaranteedFor().AsDuration().Round(time.Millisecond))
 				}
-				return seq, nil
+				return e.Acquired, nil
 			case *lockbrokerv1.AcquireResponse_Lost:
 				return nil, fmt.Errorf("lost while waiting for %q: %s", key, lostText(e.Lost))
 			case *lockbrokerv1.AcquireResponse_Released:
@@ -240,22 +250,31 @@ func seqEnv(seq *lockbrokerv1.Sequencer) []string {
 }
 
 // supervise runs until the child exits (lockctl exits with its code) or the
-// hold ends (the child is stopped and lockctl exits 75), forwarding signals
-// to the child meanwhile.
-func supervise(c *cli, f *lockFlags, ch *child, events <-chan recvResult, sigs <-chan os.Signal) error {
+// hold ends (the child is stopped and lockctl exits 75): lost, released,
+// the stream broke, or no keepalive came before the guarantee ran out. It
+// forwards signals to the child meanwhile.
+func supervise(c *cli, f *lockFlags, ch *child, g *guarantee, events <-chan recvResult, sigs <-chan os.Signal) error {
 	for {
+		var why string
 		select {
 		case <-ch.done:
 			return &exitErr{code: ch.exitCode()}
 		case s := <-sigs:
 			ch.signal(s.(syscall.Signal))
+			continue
+		case <-g.expiring():
+			why = fmt.Sprintf("no keepalive from the broker: the hold was guaranteed until %s", g.end().Format("15:04:05.000"))
 		case ev := <-events:
-			var why string
 			switch e := ev.resp.GetEvent().(type) {
 			case *lockbrokerv1.AcquireResponse_Keepalive:
+				d := e.Keepalive.GetGuaranteedFor().AsDuration()
+				g.renew(d)
 				if f.verbose {
-					fmt.Fprintf(c.stderr, "lockctl: renewed, held for at least %v\n", e.Keepalive.GetGuaranteedFor().AsDuration().Round(time.Millisecond))
+					fmt.Fprintf(c.stderr, "lockctl: renewed, held for at least %v\n", d.Round(time.Millisecond))
 				}
+				continue
+			case *lockbrokerv1.AcquireResponse_Acquired:
+				g.renew(e.Acquired.GetGuaranteedFor().AsDuration())
 				continue
 			case *lockbrokerv1.AcquireResponse_Lost:
 				why = lostText(e.Lost)
@@ -263,22 +282,71 @@ func supervise(c *cli, f *lockFlags, ch *child, events <-chan recvResult, sigs <
 				why = "released through LockService.Release"
 			default:
 				if ev.err == nil {
-					continue // queued or acquired again: nothing to do
+					continue // queued: nothing to do
 				}
 				why = "the stream to the broker broke: " + statusText(ev.err)
 				if errors.Is(ev.err, io.EOF) {
 					why = "the broker ended the stream"
 				}
 			}
-			if ch.stop(f.grace) {
-				why += "; the command was killed after --grace " + f.grace.String()
-			} else {
-				why += "; the command was terminated"
-			}
-			return &exitErr{code: exitLost, msg: "lock lost: " + why}
 		}
+		killAt := g.killBy(time.Now().Add(f.grace))
+		wait := time.Until(killAt).Round(time.Millisecond)
+		if ch.stop(killAt) {
+			why += fmt.Sprintf("; the command ignored SIGTERM and was killed %v later (--grace %v)", wait, f.grace)
+		} else {
+			why += "; the command was terminated"
+		}
+		return &exitErr{code: exitLost, msg: "lock lost: " + why}
 	}
 }
+
+// guarantee tracks until when the hold is safe: the arrival of the last
+// acquired or keepalive event plus its guaranteed_for. Its timer fires
+// early enough that the command can be stopped before the end: at the end
+// less min(--grace, a third of the guarantee).
+type guarantee struct {
+	grace time.Duration
+	until time.Time
+	timer *time.Timer
+}
+
+// killMargin is how long before the guarantee ends the command is killed
+// at the latest.
+const killMargin = 250 * time.Millisecond
+
+func newGuarantee(d, grace time.Duration) *guarantee {
+	g := &guarantee{grace: grace, timer: time.NewTimer(time.Hour)}
+	g.renew(d)
+	return g
+}
+
+// renew starts a new guarantee of d from now.
+func (g *guarantee) renew(d time.Duration) {
+	g.until = time.Now().Add(d)
+	g.timer.Reset(max(d-min(g.grace, d/3), 0))
+}
+
+// expiring fires when the command must start stopping.
+func (g *guarantee) expiring() <-chan time.Time { return g.timer.C }
+
+// end is when the guarantee runs out.
+func (g *guarantee) end() time.Time { return g.until }
+
+// killBy is when the command must be killed: at t, or killMargin before the
+// guarantee ends if that is sooner (but not before now).
+func (g *guarantee) killBy(t time.Time) time.Time {
+	now := time.Now()
+	if end := g.until.Add(-killMargin); end.Before(t) {
+		t = end
+	}
+	if t.Before(now) {
+		return now
+	}
+	return t
+}
+
+func (g *guarantee) stop() { g.timer.Stop() }
 
 // lostText describes a `lost` event.
 func lostText(l *lockbrokerv1.AcquireLost) string {

@@ -117,15 +117,31 @@ func (p *proc) waitFile(t *testing.T, path string) []string {
 }
 
 // syncBuffer is a bytes.Buffer that can be read while a process writes it.
+// It also remembers when each write arrived.
 type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	writes []stampedWrite
+}
+
+// stampedWrite is one write and when it arrived.
+type stampedWrite struct {
+	at   time.Time
+	text string
 }
 
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.writes = append(b.writes, stampedWrite{time.Now(), string(p)})
 	return b.buf.Write(p)
+}
+
+// stamped returns every write so far with its arrival time.
+func (b *syncBuffer) stamped() []stampedWrite {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]stampedWrite(nil), b.writes...)
 }
 
 func (b *syncBuffer) String() string {
