@@ -29,13 +29,18 @@ type call struct {
 	rec    record
 }
 
-// begin starts a call of kind op bounded by timeout.
+// begin starts a call of kind op bounded by timeout, unless ctx ends
+// first anyway.
 func (s *Store) begin(ctx context.Context, op opKind, timeout time.Duration) *call {
-	c := &call{s: s, op: op, parent: ctx}
-	ctx, c.cancel = context.WithTimeout(ctx, timeout)
+	c := &call{s: s, op: op, parent: ctx, cancel: noCancel}
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > timeout {
+		ctx, c.cancel = context.WithTimeout(ctx, timeout)
+	}
 	c.ctx = context.WithValue(ctx, recordKey{}, &c.rec)
 	return c
 }
+
+func noCancel() {}
 
 // opName names the Consul operation, e.g. "kv txn", for errors.
 func (c *call) opName() string { return opNames[c.op].consul }

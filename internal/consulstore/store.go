@@ -132,8 +132,8 @@ type Store struct {
 }
 
 // Open returns a Store for the agent cfg names. It builds two clients from
-// cfg, each on a transport of its own (see the package comment): a copy of
-// cfg.Transport if set, else a pooled transport like api.DefaultConfig's.
+// cfg, each on a new transport of its own (see the package comment) with
+// cfg.Transport's settings if set, else those of api.DefaultConfig's.
 // TLS works as in api.NewClient: cfg.TLSConfig, with the CONSUL_CACERT,
 // CONSUL_CLIENT_CERT, ... variables filling what it leaves empty, applies to
 // both transports unless cfg.Transport already carries a TLS config. cfg is

@@ -1,7 +1,9 @@
 package consulstore
 
 import (
+	"net"
 	"net/http"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 )
@@ -12,11 +14,7 @@ import (
 // files) and sets the transport's TLS config from cfg.TLSConfig unless the
 // transport already has one, so both clients of a Store get the same TLS.
 func newClient(cfg api.Config, maxConns int) (*api.Client, *http.Transport, string, error) {
-	if cfg.Transport != nil {
-		cfg.Transport = cfg.Transport.Clone()
-	} else {
-		cfg.Transport = api.DefaultConfig().Transport
-	}
+	cfg.Transport = newTransport(cfg.Transport)
 	cfg.HttpClient = nil
 	c, err := api.NewClient(&cfg)
 	if err != nil {
@@ -30,6 +28,47 @@ func newClient(cfg api.Config, maxConns int) (*api.Client, *http.Transport, stri
 	tr.MaxIdleConns = max(tr.MaxIdleConns, maxConns)
 	cfg.HttpClient.Transport = recorder{next: tr}
 	return c, tr, cfg.Token, nil
+}
+
+// newTransport returns a new transport with base's settings (those of
+// api.DefaultConfig's pooled transport if base is nil) and no connections.
+// It does not use base.Clone: Clone sets up HTTP/2 on base and on the copy,
+// which gives both a TLS config, and api.NewClient then leaves out the one
+// cfg.TLSConfig describes (CA, client certificate, server name).
+func newTransport(base *http.Transport) *http.Transport {
+	if base == nil {
+		return &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:          100,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ExpectContinueTimeout: 1 * time.Second,
+			ForceAttemptHTTP2:     true,
+		}
+	}
+	tr := &http.Transport{
+		Proxy:                  base.Proxy,
+		OnProxyConnectResponse: base.OnProxyConnectResponse,
+		DialContext:            base.DialContext,
+		DialTLSContext:         base.DialTLSContext,
+		TLSHandshakeTimeout:    base.TLSHandshakeTimeout,
+		DisableKeepAlives:      base.DisableKeepAlives,
+		DisableCompression:     base.DisableCompression,
+		MaxIdleConns:           base.MaxIdleConns,
+		IdleConnTimeout:        base.IdleConnTimeout,
+		ResponseHeaderTimeout:  base.ResponseHeaderTimeout,
+		ExpectContinueTimeout:  base.ExpectContinueTimeout,
+		ProxyConnectHeader:     base.ProxyConnectHeader.Clone(),
+		MaxResponseHeaderBytes: base.MaxResponseHeaderBytes,
+		WriteBufferSize:        base.WriteBufferSize,
+		ReadBufferSize:         base.ReadBufferSize,
+		ForceAttemptHTTP2:      base.ForceAttemptHTTP2,
+	}
+	if base.TLSClientConfig != nil {
+		tr.TLSClientConfig = base.TLSClientConfig.Clone()
+	}
+	return tr
 }
 
 // secretsOf returns the credentials in cfg that must never appear in an

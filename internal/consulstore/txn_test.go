@@ -169,21 +169,21 @@ func TestTxnReadOnlyListsEveryFailure(t *testing.T) {
 
 	before := s.OpCounts()
 	_, err = s.Txn(ctx, []broker.Op{
-		{Verb: broker.OpCheckIndex, Key: "r/a", Index: idx + 1000},                  // 0: stale
-		{Verb: broker.OpGet, Key: "r/b"},                                            // 1: fine
-		{Verb: broker.OpCheckNotExists, Key: "r/b"},                                 // 2: exists
-		{Verb: broker.OpGet, Key: "r/missing"},                                      // 3: missing
-		{Verb: broker.OpCheckSession, Key: "r/locked", Session: ""},                 // 4: mismatch
-		{Verb: broker.OpCheckIndex, Key: "r/a", Index: idx},                         // 5: fine
-		{Verb: broker.OpCheckSession, Key: "r/missing", Session: sess},              // 6: missing
-		{Verb: broker.OpCheckNotExists, Key: "r/missing"},                           // 7: fine
-		{Verb: broker.OpCheckSession, Key: "r/locked", Session: sess},               // 8: fine
-		{Verb: broker.OpCheckIndex, Key: "r/missing", Index: 1},                     // 9: missing
-		{Verb: broker.OpCheckSession, Key: "r/b", Session: sess},                    // 10: no session
-		{Verb: broker.OpCheckNotExists, Key: "r/locked"},                            // 11: exists
-		{Verb: broker.OpGet, Key: "r/a"},                                            // 12: fine
-		{Verb: broker.OpCheckIndex, Key: "r/locked", Index: 0},                      // 13: stale
-		{Verb: broker.OpCheckNotExists, Key: "r/a"},                                 // 14: exists
+		{Verb: broker.OpCheckIndex, Key: "r/a", Index: idx + 1000},                 // 0: stale
+		{Verb: broker.OpGet, Key: "r/b"},                                           // 1: fine
+		{Verb: broker.OpCheckNotExists, Key: "r/b"},                                // 2: exists
+		{Verb: broker.OpGet, Key: "r/missing"},                                     // 3: missing
+		{Verb: broker.OpCheckSession, Key: "r/locked", Session: ""},                // 4: mismatch
+		{Verb: broker.OpCheckIndex, Key: "r/a", Index: idx},                        // 5: fine
+		{Verb: broker.OpCheckSession, Key: "r/missing", Session: sess},             // 6: missing
+		{Verb: broker.OpCheckNotExists, Key: "r/missing"},                          // 7: fine
+		{Verb: broker.OpCheckSession, Key: "r/locked", Session: sess},              // 8: fine
+		{Verb: broker.OpCheckIndex, Key: "r/missing", Index: 1},                    // 9: missing
+		{Verb: broker.OpCheckSession, Key: "r/b", Session: sess},                   // 10: no session
+		{Verb: broker.OpCheckNotExists, Key: "r/locked"},                           // 11: exists
+		{Verb: broker.OpGet, Key: "r/a"},                                           // 12: fine
+		{Verb: broker.OpCheckIndex, Key: "r/locked", Index: 0},                     // 13: stale
+		{Verb: broker.OpCheckNotExists, Key: "r/a"},                                // 14: exists
 		{Verb: broker.OpCheckSession, Key: "r/locked", Session: "not-" + sess[4:]}, // 15: mismatch
 	})
 	var want []broker.TxnFailure
