@@ -1,0 +1,473 @@
+package io.lockbroker.client;
+
+import com.google.common.util.concurrent.MoreExecutors;
+import com.google.protobuf.ByteString;
+import io.grpc.ManagedChannel;
+import io.grpc.ManagedChannelBuilder;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.lockbroker.v1.AcquireRequest;
+import io.lockbroker.v1.AcquireResponse;
+import io.lockbroker.v1.CheckSequencerRequest;
+import io.lockbroker.v1.GetLockRequest;
+import io.lockbroker.v1.Holder;
+import io.lockbroker.v1.LockServiceGrpc;
+import io.lockbroker.v1.LockState;
+import io.lockbroker.v1.ReleaseRequest;
+import io.lockbroker.v1.Sequencer;
+import io.lockbroker.v1.SetValueRequest;
+import io.lockbroker.v1.WatchRequest;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Objects;
+import java.util.Optional;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Executor;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
+import java.util.concurrent.ThreadFactory;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.Consumer;
+import java.util.function.Function;
+
+/**
+ * The Java client of lockbroker: distributed locks, semaphore slots and
+ * leader election held through a broker's gRPC stream, backed by Consul.
+ *
+ * <pre>{@code
+ * try (LockClient client = LockClient.builder().target("127.0.0.1:8700").build();
+ *      Lease lease = client.lock("jobs/nightly", LockOptions.defaults())) {
+ *   lease.onLost(() -> log.warn("lost jobs/nightly"));
+ *   store.write(data, lease.token());   // fencing: the store refuses older tokens
+ * }
+ * }</pre>
+ *
+ * <p>Give every broker replica as a target: a lease whose broker goes away
+ * resumes on the next one with the same session and token. One client per
+ * process is enough; it is thread-safe. {@link #close()} releases the
+ * leases still held and closes the connections.
+ */
+public final class LockClient implements AutoCloseable {
+  /** Extra time lock() waits past a bounded wait before giving up locally. */
+  private static final long LOCAL_WAIT_GRACE_NANOS = TimeUnit.SECONDS.toNanos(10);
+
+  private final List<String> targets;
+  private final List<ManagedChannel> channels = new ArrayList<>();
+  private final List<LockServiceGrpc.LockServiceStub> async = new ArrayList<>();
+  private final List<LockServiceGrpc.LockServiceBlockingStub> blocking = new ArrayList<>();
+  private final long lossMarginNanos;
+  private final long callTimeoutNanos;
+  private final ScheduledThreadPoolExecutor scheduler;
+  private final ExecutorService pool;
+  private final Set<Lease> leases = ConcurrentHashMap.newKeySet();
+  private volatile boolean closed;
+
+  private LockClient(Builder b) {
+    this.targets = List.copyOf(b.targets);
+    this.lossMarginNanos = b.lossMargin.toNanos();
+    this.callTimeoutNanos = b.callTimeout.toNanos();
+    this.scheduler = new ScheduledThreadPoolExecutor(1, daemon("lockbroker-timer"));
+    this.scheduler.setRemoveOnCancelPolicy(true);
+    this.pool = Executors.newCachedThreadPool(daemon("lockbroker-callback"));
+    for (String t : targets) {
+      ManagedChannelBuilder<?> cb = ManagedChannelBuilder.forTarget(t).usePlaintext()
+          .maxInboundMessageSize(16 << 20);
+      if (b.configurer != null) {
+        b.configurer.accept(cb);
+      }
+      ManagedChannel ch = cb.build();
+      channels.add(ch);
+      async.add(LockServiceGrpc.newStub(ch));
+      blocking.add(LockServiceGrpc.newBlockingStub(ch));
+    }
+  }
+
+  private static ThreadFactory daemon(String name) {
+    AtomicInteger n = new AtomicInteger();
+    return r -> {
+      Thread t = new Thread(r, name + "-" + n.incrementAndGet());
+      t.setDaemon(true);
+      return t;
+    };
+  }
+
+  /** A builder; at least one {@link Builder#target} is required. */
+  public static Builder builder() {
+    return new Builder();
+  }
+
+  /** Configures a {@link LockClient}. */
+  public static final class Builder {
+    private final List<String> targets = new ArrayList<>();
+    private Duration lossMargin = Duration.ofMillis(250);
+    private Duration callTimeout = Duration.ofSeconds(5);
+    private Consumer<ManagedChannelBuilder<?>> configurer;
+
+    private Builder() {}
+
+    /** A broker replica, as a gRPC target ("127.0.0.1:8700", "dns:///brokers:8700"). */
+    public Builder target(String target) {
+      targets.add(Objects.requireNonNull(target));
+      return this;
+    }
+
+    /** More broker replicas: leases resume on them when their broker goes away. */
+    public Builder targets(String... more) {
+      for (String t : more) {
+        target(t);
+      }
+      return this;
+    }
+
+    /** As {@link #targets(String...)}. */
+    public Builder targets(List<String> more) {
+      more.forEach(this::target);
+      return this;
+    }
+
+    /**
+     * How long before a lease's guaranteed deadline the client reports the
+     * loss when it hears nothing from any broker (default 250 ms). Make it
+     * larger when the work under the lease needs time to stop.
+     */
+    public Builder lossMargin(Duration margin) {
+      if (margin.isNegative()) {
+        throw new IllegalArgumentException("loss margin must not be negative");
+      }
+      lossMargin = margin;
+      return this;
+    }
+
+    /** Deadline of each unary call (release, state reads; default 5 s). */
+    public Builder callTimeout(Duration timeout) {
+      if (timeout.isNegative() || timeout.isZero()) {
+        throw new IllegalArgumentException("call timeout must be positive");
+      }
+      callTimeout = timeout;
+      return this;
+    }
+
+    /**
+     * Adjusts each replica's channel builder after the client's defaults
+     * (plaintext, 16 MiB inbound messages): transport security, interceptors,
+     * keepalive (the broker must permit the ping rate).
+     */
+    public Builder channelConfigurer(Consumer<ManagedChannelBuilder<?>> configurer) {
+      this.configurer = configurer;
+      return this;
+    }
+
+    /** The client; it connects lazily. */
+    public LockClient build() {
+      if (targets.isEmpty()) {
+        throw new IllegalStateException("LockClient needs at least one target");
+      }
+      return new LockClient(this);
+    }
+  }
+
+  // ---------------------------------------------------------------- locks
+
+  /**
+   * Takes the lock at key, waiting as long as {@code options.waitTimeout}
+   * says (default: until interrupted), and returns the lease.
+   *
+   * @throws WaitTimeoutException a bounded wait ran out (with the holders)
+   * @throws LockHeldException a zero wait found the key busy (with the holders)
+   * @throws InterruptedException the thread was interrupted while waiting;
+   *     the request is withdrawn
+   * @throws LockBrokerException any other refusal (bad key, flag conflict,
+   *     Consul unavailable, ...)
+   */
+  public Lease lock(String key, LockOptions options) throws InterruptedException {
+    return acquire(options.toRequest(key), options.waitTimeout());
+  }
+
+  /** {@link #lock(String, LockOptions)} with the defaults. */
+  public Lease lock(String key) throws InterruptedException {
+    return lock(key, LockOptions.defaults());
+  }
+
+  /**
+   * Takes the lock at key if it is free now; empty when it is held (or in
+   * Consul's lock-delay). To learn who holds it, call {@link #lock} with
+   * {@code waitTimeout(Duration.ZERO)} and read
+   * {@link LockHeldException#holders()}.
+   */
+  public Optional<Lease> tryLock(String key, LockOptions options) throws InterruptedException {
+    try {
+      return Optional.of(lock(key, options.waitTimeout(Duration.ZERO)));
+    } catch (LockHeldException e) {
+      return Optional.empty();
+    }
+  }
+
+  /** {@link #tryLock(String, LockOptions)} with the defaults. */
+  public Optional<Lease> tryLock(String key) throws InterruptedException {
+    return tryLock(key, LockOptions.defaults());
+  }
+
+  /**
+   * Takes one of limit slots of the semaphore at prefix (Consul's semaphore
+   * recipe: {@code prefix/<session>} and {@code prefix/.lock}); every holder
+   * must use the same limit (else FAILED_PRECONDITION, reason
+   * LIMIT_CONFLICT). Waits as {@link #lock} does.
+   */
+  public Lease semaphore(String prefix, int limit, LockOptions options) throws InterruptedException {
+    return lock(prefix, options.semaphore(limit));
+  }
+
+  /** Takes a semaphore slot if one is free now; empty when all are taken. */
+  public Optional<Lease> trySemaphore(String prefix, int limit, LockOptions options)
+      throws InterruptedException {
+    return tryLock(prefix, options.semaphore(limit));
+  }
+
+  private Lease acquire(AcquireRequest req, Duration wait) throws InterruptedException {
+    if (closed) {
+      throw new IllegalStateException("LockClient is closed");
+    }
+    LockBrokerException last = null;
+    for (int r = 0; r < targets.size(); r++) {
+      Pending p = new Pending(req);
+      AcquireCall call = openAcquire(r, req, p);
+      try {
+        if (wait == null) {
+          return p.result.get();
+        }
+        return p.result.get(wait.toNanos() + LOCAL_WAIT_GRACE_NANOS, TimeUnit.NANOSECONDS);
+      } catch (ExecutionException e) {
+        LockBrokerException ex = fromAcquire(e.getCause());
+        if (ex instanceof UnavailableException && r + 1 < targets.size()) {
+          last = ex;
+          continue;
+        }
+        if ((ex instanceof LockHeldException || ex instanceof WaitTimeoutException)
+            && ex.lockState().isEmpty()) {
+          try { // a broker that sends no LockState detail: read who holds it
+            ex.fillLockState(unary(r, s -> s.getLock(GetLockRequest.newBuilder()
+                .setKey(req.getKey()).build()).getState()));
+          } catch (LockBrokerException ignored) {
+            // the error stands without holders
+          }
+        }
+        throw ex;
+      } catch (InterruptedException e) {
+        p.abandon(call);
+        throw e;
+      } catch (TimeoutException e) {
+        p.abandon(call);
+        throw new WaitTimeoutException(LockBrokerException.local(Status.Code.DEADLINE_EXCEEDED,
+            "", "no answer from the broker at " + targets.get(r) + " within the wait (" + wait
+            + ") and a grace period"), null);
+      }
+    }
+    throw last;
+  }
+
+  private static LockBrokerException fromAcquire(Throwable t) {
+    LockBrokerException e = LockBrokerException.from(t);
+    if (e.code() == Status.Code.DEADLINE_EXCEEDED && !(e instanceof WaitTimeoutException)) {
+      return new WaitTimeoutException(LockBrokerException.details(t), t);
+    }
+    return e;
+  }
+
+  /** Waits on one Acquire stream for its grant. */
+  private final class Pending implements AcquireCall.Listener {
+    final AcquireRequest req;
+    final CompletableFuture<Lease> result = new CompletableFuture<>();
+
+    Pending(AcquireRequest req) {
+      this.req = req;
+    }
+
+    @Override
+    public void onResponse(AcquireCall call, AcquireResponse r, long receivedNanos) {
+      switch (r.getEventCase()) {
+        case ACQUIRED: {
+          Lease lease = new Lease(LockClient.this, req, call, r.getAcquired(), receivedNanos);
+          leases.add(lease);
+          if (!result.complete(lease)) {
+            lease.abandon();
+          }
+          break;
+        }
+        case LOST:
+          result.completeExceptionally(new LockBrokerException(Status.Code.ABORTED, "SESSION_LOST",
+              "lost before the grant: " + r.getLost().getReason() + ": " + r.getLost().getDetail()));
+          call.cancel("lost before the grant");
+          break;
+        default:
+          break; // queued: keep waiting
+      }
+    }
+
+    @Override
+    public void onEnd(AcquireCall call, Throwable error) {
+      result.completeExceptionally(error != null ? error
+          : new LockBrokerException(Status.Code.UNKNOWN, "", "the broker ended the stream before the grant"));
+    }
+
+    /** The caller gave up: withdraw the request, or end a grant it will not see. */
+    void abandon(AcquireCall call) {
+      if (!result.cancel(false) && !result.isCompletedExceptionally()) {
+        result.join().abandon();
+      }
+      call.cancel("the caller stopped waiting");
+    }
+  }
+
+  // ---------------------------------------------------------------- watch and state
+
+  /**
+   * Follows the state of key: the state now, then after every change. "No
+   * holder" is a state of its own (a free lock, a leader that resigned or
+   * failed). The first state has arrived when this returns; a refused
+   * request (bad key) throws here. When the broker goes away the watch moves
+   * to the next target and starts again with the state now.
+   */
+  public LockWatch watch(String key) throws InterruptedException {
+    return new LockWatch(this, WatchRequest.newBuilder().setKey(key).build());
+  }
+
+  /**
+   * Follows every lock and semaphore under prefix/ (and prefix itself): each
+   * state is one key's; {@link LockWatch#snapshotComplete()} turns true once
+   * the initial state of every key has been delivered.
+   */
+  public LockWatch watchPrefix(String prefix) throws InterruptedException {
+    return new LockWatch(this, WatchRequest.newBuilder().setKey(prefix).setPrefix(true).build());
+  }
+
+  /** The state of key, read consistently by the broker. */
+  public LockState getLock(String key) {
+    return unary(0, s -> s.getLock(GetLockRequest.newBuilder().setKey(key).build()).getState());
+  }
+
+  /**
+   * The current holder of the lock at key (leader discovery: its value is
+   * the leader's identity); empty when nobody holds it.
+   */
+  public Optional<Holder> leader(String key) {
+    LockState st = getLock(key);
+    return st.getHoldersCount() == 0 ? Optional.empty() : Optional.of(st.getHolders(0));
+  }
+
+  /** Whether seq is still the current grant of its key (Chubby's CheckSequencer). */
+  public boolean checkSequencer(Sequencer seq) {
+    return unary(0, s -> s.checkSequencer(CheckSequencerRequest.newBuilder().setSequencer(seq).build())
+        .getCurrent());
+  }
+
+  /** Releases every lease still held and closes the connections. */
+  @Override
+  public void close() {
+    closed = true;
+    for (Lease l : new ArrayList<>(leases)) {
+      l.close();
+    }
+    for (ManagedChannel ch : channels) {
+      ch.shutdown();
+    }
+    for (ManagedChannel ch : channels) {
+      try {
+        if (!ch.awaitTermination(2, TimeUnit.SECONDS)) {
+          ch.shutdownNow();
+        }
+      } catch (InterruptedException e) {
+        ch.shutdownNow();
+        Thread.currentThread().interrupt();
+      }
+    }
+    scheduler.shutdownNow();
+    pool.shutdown();
+  }
+
+  // ---------------------------------------------------------------- plumbing for Lease and LockWatch
+
+  AcquireCall openAcquire(int replica, AcquireRequest req, AcquireCall.Listener listener) {
+    AcquireCall call = new AcquireCall(replica, listener);
+    async.get(replica).acquire(req, call);
+    return call;
+  }
+
+  LockServiceGrpc.LockServiceStub asyncStub(int replica) {
+    return async.get(replica);
+  }
+
+  void release(int replica, Sequencer seq) {
+    ReleaseRequest req = ReleaseRequest.newBuilder().setKey(seq.getKey())
+        .setSessionId(seq.getSessionId()).setToken(seq.getToken()).build();
+    unary(replica, s -> s.release(req));
+  }
+
+  void setValue(int replica, Sequencer seq, ByteString value) {
+    SetValueRequest req = SetValueRequest.newBuilder().setKey(seq.getKey())
+        .setSessionId(seq.getSessionId()).setToken(seq.getToken()).setValue(value).build();
+    unary(replica, s -> s.setValue(req));
+  }
+
+  /**
+   * Runs call on replica first, then on the others while the broker is
+   * unavailable or does not answer in time.
+   */
+  private <T> T unary(int first, Function<LockServiceGrpc.LockServiceBlockingStub, T> call) {
+    if (closed && leases.isEmpty()) {
+      throw new IllegalStateException("LockClient is closed");
+    }
+    LockBrokerException last = null;
+    for (int i = 0; i < targets.size(); i++) {
+      int r = (first + i) % targets.size();
+      try {
+        return call.apply(blocking.get(r).withDeadlineAfter(callTimeoutNanos, TimeUnit.NANOSECONDS));
+      } catch (StatusRuntimeException e) {
+        last = LockBrokerException.from(e);
+        if (last.code() != Status.Code.UNAVAILABLE && last.code() != Status.Code.DEADLINE_EXCEEDED) {
+          throw last;
+        }
+      }
+    }
+    throw last;
+  }
+
+  Executor newSerialExecutor() {
+    return MoreExecutors.newSequentialExecutor(pool);
+  }
+
+  Executor callbackExecutor() {
+    return pool;
+  }
+
+  ScheduledFuture<?> schedule(Runnable task, long delayNanos) {
+    return scheduler.schedule(task, Math.max(0, delayNanos), TimeUnit.NANOSECONDS);
+  }
+
+  long lossMarginNanos() {
+    return lossMarginNanos;
+  }
+
+  int targetCount() {
+    return targets.size();
+  }
+
+  String target(int replica) {
+    return targets.get(replica);
+  }
+
+  void resetConnectBackoff(int replica) {
+    channels.get(replica).resetConnectBackoff();
+  }
+
+  void forget(Lease lease) {
+    leases.remove(lease);
+  }
+}
