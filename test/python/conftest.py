@@ -100,6 +100,13 @@ class Broker:
             raw = resp.read()
         return json.loads(raw) if raw else None
 
+    def pause(self):
+        """SIGSTOP the broker (not its Consul agent): it stalls."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def log_tail(self, n=60):
         try:
             with open(self.log.name, "rb") as f:
@@ -115,6 +122,7 @@ class Broker:
         if self.proc is None:
             return
         if self.proc.poll() is None:
+            self.resume()
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=STOP_TIMEOUT)

@@ -5,6 +5,8 @@ stream open, and gives it up by closing the stream or with Release.
 """
 
 import os
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -184,18 +186,98 @@ def test_bad_key_is_invalid_argument(stub, holds):
     assert "key" in info.value.details()
 
 
-def test_example_hold(broker, stub):
-    env = dict(os.environ, LOCKBROKER_ADDR=broker.addr)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [os.path.join(os.path.dirname(os.path.dirname(HERE)), "gen", "python"),
-                    os.environ.get("PYTHONPATH")] if p)
-    out = subprocess.run(
-        [sys.executable, os.path.join(HERE, "example_hold.py")],
-        env=env, capture_output=True, text=True, timeout=30,
-    )
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("acquired token="), out.stdout
-    assert int(lines[0].split("=", 1)[1]) > 0
+EXAMPLE_KEY = "jobs/nightly-report"
+
+
+class Example:
+    """example_hold.py running as a child process."""
+
+    def __init__(self, broker, work_seconds):
+        env = dict(os.environ, LOCKBROKER_ADDR=broker.addr, WORK_SECONDS=str(work_seconds))
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [os.path.join(os.path.dirname(os.path.dirname(HERE)), "gen", "python"),
+                        os.environ.get("PYTHONPATH")] if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "example_hold.py")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def acquired_token(self, timeout=30):
+        """Waits for the "acquired token=N" line and returns N."""
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, f"example_hold.py printed nothing within {timeout}s"
+        line = self.proc.stdout.readline()
+        assert line.startswith("acquired token="), line
+        return int(line.strip().split("=", 1)[1])
+
+    def wait(self, timeout):
+        """Waits for the example to exit: (exit code, stdout rest, stderr)."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"example_hold.py still running after {timeout}s") from None
+        return self.proc.returncode, out, err
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def example(broker):
+    started = []
+
+    def start(work_seconds):
+        e = Example(broker, work_seconds)
+        started.append(e)
+        return e
+
+    yield start
+    for e in started:
+        e.kill()
+
+
+def test_example_hold(broker, stub, example):
+    e = example(1)
+    assert e.acquired_token() > 0
+    code, out, err = e.wait(timeout=30)
+    assert code == 0, err
+    assert out == "", out
     # It let go when it exited.
-    wait_state(stub, "jobs/nightly-report", lambda s: not s.holders)
+    wait_state(stub, EXAMPLE_KEY, lambda s: not s.holders)
+
+
+def test_example_hold_stops_without_keepalive(broker, stub, example):
+    """Pauses the broker: no keepalive comes, and the example must stop by
+    the end of the last guarantee (at most the session TTL, 15s)."""
+    e = example(60)
+    e.acquired_token()
+    broker.pause()
+    try:
+        t0 = time.monotonic()
+        code, _, err = e.wait(timeout=20)
+        elapsed = time.monotonic() - t0
+    finally:
+        broker.resume()
+    assert code != 0, "the example must fail when no keepalive comes"
+    assert "lost" in err, err
+    assert elapsed < 15, f"stopped {elapsed:.2f}s after the broker paused"
+    wait_state(stub, EXAMPLE_KEY, lambda s: not s.holders, timeout=30)
+
+
+def test_example_hold_stops_when_lost(broker, stub, example):
+    """Destroys the example's session in Consul: it must stop at once. (Last
+    of the example tests: the key is in Consul's lock-delay afterwards.)"""
+    e = example(60)
+    e.acquired_token()
+    session = stub.GetLock(lock_pb2.GetLockRequest(key=EXAMPLE_KEY), timeout=5).state.holders[0].session_id
+    t0 = time.monotonic()
+    assert broker.consul("PUT", f"/v1/session/destroy/{session}") is True
+    code, _, err = e.wait(timeout=10)
+    elapsed = time.monotonic() - t0
+    assert code != 0, "the example must fail when the lock is lost"
+    assert "lost" in err, err
+    assert elapsed < 5, f"stopped {elapsed:.2f}s after the loss"
