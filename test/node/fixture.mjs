@@ -119,6 +119,19 @@ export class Broker {
     }
   }
 
+  // SIGSTOP the broker (not its Consul agent): it stalls.
+  pause() {
+    process.kill(this.proc.pid, "SIGSTOP");
+  }
+
+  resume() {
+    try {
+      process.kill(this.proc.pid, "SIGCONT");
+    } catch {
+      // already gone
+    }
+  }
+
   killGroup() {
     try {
       process.kill(-this.proc.pid, "SIGKILL");
@@ -130,6 +143,7 @@ export class Broker {
   async stop() {
     if (!this.proc) return;
     if (!this.exitInfo) {
+      this.resume();
       try {
         this.proc.kill("SIGTERM");
       } catch {

@@ -6,10 +6,9 @@
 // Run: npm ci --prefix test/node && node --test test/node/
 
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
-import { promisify } from "node:util";
 
 import { Code, ConnectError } from "@connectrpc/connect";
 
@@ -222,17 +221,91 @@ lockTest("a bad key is INVALID_ARGUMENT", async () => {
   });
 });
 
-lockTest("example_hold.mjs holds a lock and lets go", async () => {
-  const { stdout } = await promisify(execFile)(process.execPath, [join(REPO, "test", "node", "example_hold.mjs")], {
-    env: { ...process.env, LOCKBROKER_ADDR: broker.addr },
-    timeout: 30_000,
-    killSignal: "SIGKILL",
+const EXAMPLE_KEY = "jobs/nightly-report";
+
+// Runs example_hold.mjs; resolves { code, stdout, stderr } when it exits.
+// acquired resolves with the token once it printed "acquired token=N".
+function runExample(workSeconds) {
+  const child = spawn(process.execPath, [join(REPO, "test", "node", "example_hold.mjs")], {
+    env: { ...process.env, LOCKBROKER_ADDR: broker.addr, WORK_SECONDS: String(workSeconds) },
+    stdio: ["ignore", "pipe", "pipe"],
   });
-  const lines = stdout.trim().split("\n");
-  assert.equal(lines.length, 1, stdout);
-  const m = /^acquired token=(\d+)$/.exec(lines[0]);
-  assert.ok(m, stdout);
-  assert.ok(BigInt(m[1]) > 0n);
+  let stdout = "";
+  let stderr = "";
+  child.stderr.on("data", (d) => (stderr += d));
+  const acquired = new Promise((res, rej) => {
+    child.stdout.on("data", (d) => {
+      stdout += d;
+      const m = /^acquired token=(\d+)\n/.exec(stdout);
+      if (m) res(BigInt(m[1]));
+    });
+    child.once("exit", () => rej(new Error(`example exited before acquiring: ${stderr}`)));
+  });
+  acquired.catch(() => {});
+  const exited = new Promise((res) => child.once("exit", (code) => res({ code, stdout, stderr })));
+  return { child, acquired, exited };
+}
+
+// Waits at most ms for the example to exit.
+async function exampleExit(ex, ms) {
+  let timer;
+  const timeout = new Promise((_, rej) => (timer = setTimeout(() => rej(new Error(`example still running after ${ms}ms`)), ms)));
+  try {
+    return await Promise.race([ex.exited, timeout]);
+  } finally {
+    clearTimeout(timer);
+    if (ex.child.exitCode === null && ex.child.signalCode === null) ex.child.kill("SIGKILL");
+  }
+}
+
+lockTest("example_hold.mjs holds a lock and lets go", async () => {
+  const ex = runExample(1);
+  assert.ok((await withTimeout(ex.acquired, 30_000)) > 0n);
+  const { code, stdout, stderr } = await exampleExit(ex, 30_000);
+  assert.equal(code, 0, stderr);
+  assert.match(stdout, /^acquired token=\d+\n$/);
   // It let go when it exited.
-  await waitState("jobs/nightly-report", (s) => s.holders.length === 0);
+  await waitState(EXAMPLE_KEY, (s) => s.holders.length === 0);
 });
+
+lockTest("example_hold.mjs stops when no keepalive comes", async () => {
+  const ex = runExample(60);
+  await withTimeout(ex.acquired, 30_000);
+  broker.pause();
+  const t0 = Date.now();
+  let res;
+  try {
+    res = await exampleExit(ex, 20_000);
+  } finally {
+    broker.resume();
+  }
+  const elapsed = Date.now() - t0;
+  assert.notEqual(res.code, 0, "the example must fail when no keepalive comes");
+  assert.match(res.stderr, /lost/);
+  // By the end of the last guarantee: at most the session TTL (15s).
+  assert.ok(elapsed < 15_000, `stopped ${elapsed}ms after the broker paused`);
+  await waitState(EXAMPLE_KEY, (s) => s.holders.length === 0, 30_000);
+});
+
+// Last of the example tests: the key is in Consul's lock-delay afterwards.
+lockTest("example_hold.mjs stops when the lock is lost", async () => {
+  const ex = runExample(60);
+  await withTimeout(ex.acquired, 30_000);
+  const { state } = await client.getLock({ key: EXAMPLE_KEY }, { timeoutMs: 5000 });
+  const t0 = Date.now();
+  assert.equal(await broker.consul("PUT", `/v1/session/destroy/${state.holders[0].sessionId}`), true);
+  const { code, stderr } = await exampleExit(ex, 10_000);
+  const elapsed = Date.now() - t0;
+  assert.notEqual(code, 0, "the example must fail when the lock is lost");
+  assert.match(stderr, /lost/);
+  assert.ok(elapsed < 5000, `stopped ${elapsed}ms after the loss`);
+});
+
+async function withTimeout(p, ms) {
+  let timer;
+  try {
+    return await Promise.race([p, new Promise((_, rej) => (timer = setTimeout(() => rej(new Error(`nothing within ${ms}ms`)), ms)))]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
