@@ -1,0 +1,115 @@
+#!/usr/bin/env node
+// A small CLI over the library, for cross-language conformance runs
+// (test/conformance/scenarios.md, S5) and for trying a deployment by hand.
+//
+//   node conformance.mjs hold --target 127.0.0.1:8700 --key jobs/x [--limit 3] [--seconds 30]
+//   node conformance.mjs watch --target 127.0.0.1:8700 --key jobs/x [--seconds 30]
+//
+// `hold` takes a lock (limit 0) or a semaphore slot (limit > 0), holds it
+// for --seconds (or until stdin closes or SIGTERM), releases it, and prints
+// JSON lines: {"event":"acquired",...}, then {"event":"released"} or
+// {"event":"lost","reason":...}; failures print {"event":"error",...} and
+// exit 1. `watch` prints {"event":"state",...} per state.
+
+import { parseArgs } from "node:util";
+
+import { Client, SNAPSHOT_COMPLETE } from "./src/index.js";
+
+const emit = (obj) => process.stdout.write(`${JSON.stringify({ lang: "node", t: Date.now() / 1000, ...obj })}\n`);
+const big = (v) => (typeof v === "bigint" ? Number(v) : v);
+
+function fail(e) {
+  emit({ event: "error", error: String(e?.message ?? e), reason: e?.reason ?? null, type: e?.name });
+  return 1;
+}
+
+async function hold(client, args) {
+  const limit = Number(args.limit ?? 0);
+  const opts = {
+    ttl: args.ttl === undefined ? undefined : Number(args.ttl),
+    wait: args.wait === undefined ? undefined : Number(args.wait),
+    value: args.value ?? "",
+  };
+  let lease;
+  try {
+    lease = limit > 0 ? await client.semaphore(args.key, limit, opts) : await client.lock(args.key, opts);
+  } catch (e) {
+    return fail(e);
+  }
+  emit({ event: "acquired", key: args.key, token: big(lease.token), session_id: lease.sessionId, deadline_in: lease.remainingMs() / 1000 });
+  const stop = new AbortController();
+  const onSignal = () => stop.abort();
+  process.once("SIGTERM", onSignal);
+  process.stdin.on("data", () => {});
+  process.stdin.once("end", onSignal);
+  process.stdin.once("close", onSignal);
+  process.stdin.resume();
+  const timer = setTimeout(onSignal, Number(args.seconds ?? 30) * 1000);
+  await new Promise((r) => {
+    stop.signal.addEventListener("abort", r, { once: true });
+    lease.signal.addEventListener("abort", r, { once: true });
+  });
+  clearTimeout(timer);
+  process.stdin.pause();
+  process.stdin.destroy();
+  if (lease.lost) {
+    emit({ event: "lost", reason: lease.error.reason, detail: lease.error.detail });
+    return 2;
+  }
+  await lease.release();
+  emit({ event: "released", token: big(lease.token) });
+  return 0;
+}
+
+async function watch(client, args) {
+  const signal = AbortSignal.timeout(Number(args.seconds ?? 30) * 1000);
+  try {
+    for await (const st of client.watch(args.key, { signal, prefix: Boolean(args.prefix) })) {
+      if (st === SNAPSHOT_COMPLETE) {
+        emit({ event: "snapshot_complete" });
+        continue;
+      }
+      emit({
+        event: "state",
+        key: st.key,
+        kind: st.kind,
+        limit: st.limit,
+        holders: st.holders.map((h) => ({ session_id: h.sessionId, value: Buffer.from(h.value).toString(), token: big(h.token) })),
+      });
+    }
+  } catch (e) {
+    if (!signal.aborted) return fail(e);
+  }
+  return 0;
+}
+
+async function main() {
+  const { positionals, values } = parseArgs({
+    allowPositionals: true,
+    options: {
+      target: { type: "string", multiple: true },
+      key: { type: "string" },
+      seconds: { type: "string" },
+      token: { type: "string" },
+      limit: { type: "string" },
+      ttl: { type: "string" },
+      wait: { type: "string" },
+      value: { type: "string" },
+      prefix: { type: "boolean" },
+    },
+  });
+  const cmd = positionals[0];
+  if (!["hold", "watch"].includes(cmd) || !values.target || !values.key) {
+    process.stderr.write("usage: conformance.mjs hold|watch --target ADDR [--target ADDR] --key KEY [--limit N] [--seconds S]\n");
+    return 2;
+  }
+  const [first, ...rest] = values.target;
+  const client = new Client(first, { targets: rest, token: values.token });
+  try {
+    return cmd === "hold" ? await hold(client, values) : await watch(client, values);
+  } finally {
+    await client.close();
+  }
+}
+
+process.exitCode = await main();

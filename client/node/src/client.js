@@ -1,0 +1,795 @@
+// The Node client: Client, Lease, Election over Connect's gRPC transport.
+
+import { clone, create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
+
+import {
+  AcquireKind,
+  AcquireRequestSchema,
+  LockService,
+  LostReason,
+} from "../gen/lockbroker/v1/lock_pb.js";
+import { SessionService } from "../gen/lockbroker/v1/session_pb.js";
+import { SessionBehavior } from "../gen/lockbroker/v1/types_pb.js";
+import {
+  CancelledError,
+  InvalidArgumentError,
+  LockDelayError,
+  LockHeldError,
+  LockLostError,
+  LockbrokerError,
+  SessionLostError,
+  UnavailableError,
+  UnimplementedError,
+  WaitTimeoutError,
+  failoverOk,
+  fromError,
+  resumeRefused,
+} from "./errors.js";
+import {
+  SNAPSHOT_COMPLETE,
+  sequencerFromProto,
+  sequencerToProto,
+  sessionInfoFromProto,
+  sessionSummaryFromProto,
+  stateFromProto,
+} from "./types.js";
+
+/** How long before the guaranteed deadline a silent lease is reported lost (ms). */
+export const CLIENT_MARGIN_MS = 250;
+/** A stream silent for this share of its guaranteed time is taken to be on a stalled replica. */
+const STALL_SHARE = 0.6;
+/** Longest single resume attempt on one replica (ms). */
+const RESUME_ATTEMPT_MS = 3000;
+
+const now = () => performance.now();
+const toEpoch = (mono) => performance.timeOrigin + mono;
+const END = Symbol("end");
+const RELEASED = Symbol("released");
+const enc = new TextEncoder();
+
+const asBytes = (v) => (v === undefined || v === null ? new Uint8Array() : typeof v === "string" ? enc.encode(v) : v);
+const durationMs = (d) => (d ? Number(d.seconds) * 1000 + d.nanos / 1e6 : 0);
+
+function duration(seconds, what) {
+  if (seconds === undefined || seconds === null) return undefined;
+  if (typeof seconds !== "number" || !Number.isFinite(seconds) || seconds < 0) {
+    throw new InvalidArgumentError(`${what} must be a non-negative number of seconds, not ${seconds}`);
+  }
+  const nanos = BigInt(Math.round(seconds * 1e9));
+  return { seconds: nanos / 1_000_000_000n, nanos: Number(nanos % 1_000_000_000n) };
+}
+
+const BEHAVIORS = { undefined: SessionBehavior.UNSPECIFIED, release: SessionBehavior.RELEASE, delete: SessionBehavior.DELETE };
+
+function sessionOptions({ ttl, lockDelay, behavior, checks, sessionName, name } = {}) {
+  if (!(String(behavior) in BEHAVIORS)) throw new InvalidArgumentError(`behavior must be "release" or "delete", not ${behavior}`);
+  return {
+    ttl: duration(ttl, "ttl"),
+    lockDelay: duration(lockDelay, "lockDelay"),
+    behavior: BEHAVIORS[behavior],
+    checks: checks ?? [],
+    name: sessionName ?? name ?? "",
+  };
+}
+
+function lostReasonName(v) {
+  const name = LostReason[v];
+  return name === undefined ? "UNSPECIFIED" : name;
+}
+
+function targetsList(target, targets) {
+  const out = [];
+  for (const t of [target, ...(targets ?? [])]) if (t && !out.includes(t)) out.push(t);
+  if (out.length === 0) throw new TypeError("no broker target");
+  return out;
+}
+
+// Reads one server stream in the background into a queue of
+// [monotonic receive time, message | Error | END], so every wait on it can
+// have a bound.
+class Reader {
+  constructor(open) {
+    this.abort = new AbortController();
+    this.items = [];
+    this.waiter = null;
+    this.pump(open(this.abort.signal));
+  }
+
+  async pump(iterable) {
+    try {
+      for await (const msg of iterable) this.push([now(), msg]);
+    } catch (e) {
+      this.push([now(), e instanceof Error ? e : new Error(String(e))]);
+    }
+    this.push([now(), END]);
+  }
+
+  push(item) {
+    this.items.push(item);
+    if (this.waiter) {
+      const w = this.waiter;
+      this.waiter = null;
+      w();
+    }
+  }
+
+  // The next item, or undefined after timeoutMs (undefined: no bound) or
+  // when `wake` resolves first.
+  async get(timeoutMs, wake) {
+    if (this.items.length === 0) {
+      if (timeoutMs !== undefined && timeoutMs <= 0) return undefined;
+      let timer;
+      const arrived = await Promise.race([
+        new Promise((r) => (this.waiter = () => r(true))),
+        timeoutMs === undefined ? new Promise(() => {}) : new Promise((r) => (timer = setTimeout(() => r(false), timeoutMs))),
+        ...(wake ? [wake.then(() => false)] : []),
+      ]);
+      clearTimeout(timer);
+      if (!arrived) {
+        this.waiter = null;
+        return undefined;
+      }
+    }
+    return this.items.shift();
+  }
+
+  cancel() {
+    this.abort.abort();
+  }
+}
+
+function streamError(item) {
+  if (item === END) return new UnavailableError("the broker ended the stream without a result");
+  return fromError(item);
+}
+
+/** A lockbroker client. See index.d.ts for the options. */
+export class Client {
+  constructor(target = "127.0.0.1:8700", { targets = [], tls, token, timeoutMs = 10_000 } = {}) {
+    this.targets = targetsList(target, targets);
+    this.timeoutMs = timeoutMs;
+    this.headers = token ? { authorization: `Bearer ${token}` } : undefined;
+    const scheme = tls ? "https" : "http";
+    const nodeOptions = tlsOptions(tls);
+    this._managers = this.targets.map((t) => new Http2SessionManager(`${scheme}://${t}`, {}, nodeOptions));
+    const transports = this.targets.map((t, i) =>
+      createGrpcTransport({ baseUrl: `${scheme}://${t}`, httpVersion: "2", sessionManager: this._managers[i] }),
+    );
+    this._locks = transports.map((tr) => createClient(LockService, tr));
+    this._sessions = transports.map((tr) => createClient(SessionService, tr));
+    this._preferred = 0;
+    this._leases = new Set();
+    this._closed = false;
+  }
+
+  _order() {
+    const n = this.targets.length;
+    return Array.from({ length: n }, (_, i) => (this._preferred + i) % n);
+  }
+
+  _callOptions(extra = {}) {
+    return { headers: this.headers, ...extra };
+  }
+
+  async _unary(service, method, request, { timeoutMs, signal } = {}) {
+    const stubs = service === "lock" ? this._locks : this._sessions;
+    let last;
+    for (const i of this._order()) {
+      try {
+        const resp = await stubs[i][method](request, this._callOptions({ timeoutMs: timeoutMs ?? this.timeoutMs, signal }));
+        this._preferred = i;
+        return resp;
+      } catch (e) {
+        last = fromError(e);
+        if (signal?.aborted) throw signal.reason;
+        if (failoverOk(last)) continue;
+        throw last;
+      }
+    }
+    throw last;
+  }
+
+  // -- locks ----------------------------------------------------------------
+
+  /** Waits until it holds the lock `key`; resolves to the Lease. */
+  lock(key, opts = {}) {
+    return this._acquire(buildRequest(key, opts, 0, false), opts);
+  }
+
+  /** lock() with wait 0: the Lease, or null when the key is busy. */
+  async tryLock(key, opts = {}) {
+    try {
+      return await this.lock(key, { ...opts, wait: 0 });
+    } catch (e) {
+      if (e instanceof LockHeldError || e instanceof LockDelayError) return null;
+      throw e;
+    }
+  }
+
+  /** Waits for one of `limit` slots of the semaphore at `prefix`. */
+  semaphore(prefix, limit, opts = {}) {
+    if (!Number.isInteger(limit) || limit < 1) {
+      return Promise.reject(new InvalidArgumentError(`semaphore limit must be a positive integer, not ${limit}`));
+    }
+    return this._acquire(buildRequest(prefix, opts, limit, true), opts);
+  }
+
+  /** semaphore() with wait 0: the Lease, or null when every slot is taken. */
+  async trySemaphore(prefix, limit, opts = {}) {
+    try {
+      return await this.semaphore(prefix, limit, { ...opts, wait: 0 });
+    } catch (e) {
+      if (e instanceof LockHeldError || e instanceof LockDelayError) return null;
+      throw e;
+    }
+  }
+
+  async _acquire(req, { wait, signal } = {}) {
+    if (this._closed) throw new CancelledError("client closed");
+    signal?.throwIfAborted();
+    // The broker enforces `wait`; the local bound only guards against a
+    // broker that stops answering while we queue.
+    const localEnd = wait === undefined || wait === null ? undefined : now() + wait * 1000 + 10_000;
+    let last;
+    for (const i of this._order()) {
+      const reader = new Reader((s) => this._locks[i].acquire(req, this._callOptions({ signal: s })));
+      const onAbort = () => reader.cancel();
+      signal?.addEventListener("abort", onAbort, { once: true });
+      try {
+        const lease = await this._awaitGrant(i, req, reader, localEnd, signal);
+        this._preferred = i;
+        return lease;
+      } catch (e) {
+        reader.cancel();
+        if (signal?.aborted) throw signal.reason;
+        last = e;
+        if (e instanceof LockbrokerError && failoverOk(e)) continue;
+        throw e;
+      } finally {
+        signal?.removeEventListener("abort", onAbort);
+      }
+    }
+    throw last;
+  }
+
+  async _awaitGrant(i, req, reader, localEnd, signal) {
+    for (;;) {
+      const timeout = localEnd === undefined ? undefined : localEnd - now();
+      if (timeout !== undefined && timeout <= 0) {
+        throw new WaitTimeoutError(`no answer from ${this.targets[i]} within the wait`, { reason: "WAIT_TIMEOUT" });
+      }
+      const item = await reader.get(timeout);
+      if (item === undefined) continue;
+      const [t, msg] = item;
+      if (msg === END || msg instanceof Error) {
+        if (signal?.aborted) throw signal.reason;
+        const err = streamError(msg);
+        if (err.holders.length === 0 && err.state === undefined && isBusy(err)) {
+          try {
+            err.state = await this.getLock(req.key);
+          } catch {
+            // keep the error without holders
+          }
+        }
+        throw err;
+      }
+      const ev = msg.event;
+      if (ev.case === "acquired") {
+        const seq = sequencerFromProto(ev.value.sequencer);
+        if (req.kind === AcquireKind.SEMAPHORE && seq.kind !== "semaphore") {
+          throw new UnimplementedError(
+            `the broker granted a ${seq.kind} for a semaphore request on ${seq.key}: it does not support AcquireRequest.kind (one-slot semaphores)`,
+          );
+        }
+        const lease = new Lease(this, i, req, seq, reader, t + durationMs(ev.value.guaranteedFor));
+        this._leases.add(lease);
+        return lease;
+      }
+      if (ev.case === "lost" || ev.case === "released") {
+        throw new SessionLostError(`the stream ended with ${ev.case} before the grant`, { reason: "SESSION_LOST" });
+      }
+    }
+  }
+
+  // -- reads ----------------------------------------------------------------
+
+  /** The state of `key` now, read consistently. */
+  async getLock(key, { signal } = {}) {
+    return stateFromProto((await this._unary("lock", "getLock", { key }, { signal })).state);
+  }
+
+  /** Whether `sequencer` is still the current grant of its key. */
+  async checkSequencer(sequencer) {
+    return (await this._unary("lock", "checkSequencer", { sequencer: sequencerToProto(sequencer) })).current;
+  }
+
+  /**
+   * The state of `key` now, then after every change ("no holder" is a
+   * state). With `prefix`, every key under `key/`, then SNAPSHOT_COMPLETE,
+   * then the changes. Reconnects (on another replica if any) when the stream
+   * breaks; throws UnavailableError after `retryFor` seconds without one.
+   * Aborting `signal` ends it by throwing the signal's reason.
+   */
+  async *watch(key, { signal, prefix = false, retryFor = 15 } = {}) {
+    let failingSince;
+    let backoff = 100;
+    for (;;) {
+      for (const i of this._order()) {
+        signal?.throwIfAborted();
+        const ac = new AbortController();
+        const onAbort = () => ac.abort(signal.reason);
+        signal?.addEventListener("abort", onAbort, { once: true });
+        try {
+          for await (const resp of this._locks[i].watch({ key, prefix }, this._callOptions({ signal: ac.signal }))) {
+            failingSince = undefined;
+            backoff = 100;
+            this._preferred = i;
+            if (resp.snapshotComplete) yield SNAPSHOT_COMPLETE;
+            if (resp.state) yield stateFromProto(resp.state);
+          }
+        } catch (e) {
+          if (signal?.aborted) throw signal.reason;
+          const err = fromError(e);
+          if (!failoverOk(err)) throw err;
+        } finally {
+          signal?.removeEventListener("abort", onAbort);
+          ac.abort();
+        }
+      }
+      failingSince ??= now();
+      if (now() - failingSince > retryFor * 1000) {
+        throw new UnavailableError(`no broker replica answered Watch(${key}) for ${retryFor}s`);
+      }
+      await sleep(backoff, signal);
+      backoff = Math.min(backoff * 2, 2000);
+    }
+  }
+
+  /** Leader election on `key`. */
+  leader(key) {
+    return new Election(this, key);
+  }
+
+  // -- client-owned sessions ---------------------------------------------
+
+  async createSession(opts = {}) {
+    return sessionInfoFromProto((await this._unary("session", "createSession", { options: sessionOptions(opts) })).session);
+  }
+
+  /** Renews a session; resolves to how long it is guaranteed from now (seconds). */
+  async renewSession(sessionId) {
+    const resp = await this._unary("session", "renewSession", { sessionId });
+    return durationMs(resp.guaranteedFor) / 1000;
+  }
+
+  async destroySession(sessionId) {
+    await this._unary("session", "destroySession", { sessionId });
+  }
+
+  async getSession(sessionId) {
+    return sessionInfoFromProto((await this._unary("session", "getSession", { sessionId })).session);
+  }
+
+  async listSessions() {
+    return (await this._unary("session", "listSessions", {})).sessions.map(sessionSummaryFromProto);
+  }
+
+  /** Takes `key` now for a client-owned session: the Sequencer, or null when busy. */
+  async tryAcquire(key, sessionId, { value, limit = 0, semaphore = false } = {}) {
+    const req = { key, sessionId, value: asBytes(value), limit, kind: semaphore ? AcquireKind.SEMAPHORE : AcquireKind.LOCK };
+    try {
+      return sequencerFromProto((await this._unary("lock", "tryAcquire", req)).sequencer);
+    } catch (e) {
+      if (e instanceof LockHeldError || e instanceof LockDelayError) return null;
+      throw e;
+    }
+  }
+
+  /** Releases `key` held by `sessionId` (only that grant, with a token). */
+  async release(key, sessionId, token = 0n) {
+    return (await this._unary("lock", "release", { key, sessionId, token: BigInt(token) })).released;
+  }
+
+  // -- lifetime -------------------------------------------------------------
+
+  /** Releases this client's leases and closes its connections. */
+  async close() {
+    this._closed = true;
+    await Promise.allSettled([...this._leases].map((l) => l.release({ timeoutMs: 2000 })));
+    for (const m of this._managers) m.abort();
+  }
+
+  async [Symbol.asyncDispose]() {
+    await this.close();
+  }
+}
+
+function isBusy(err) {
+  return err instanceof LockHeldError || err instanceof LockDelayError || err instanceof WaitTimeoutError;
+}
+
+function tlsOptions(tls) {
+  if (!tls) return {};
+  if (tls === true) return {};
+  const out = {};
+  if (tls.ca) out.ca = tls.ca;
+  if (tls.cert) out.cert = tls.cert;
+  if (tls.key) out.key = tls.key;
+  if (tls.serverName) out.servername = tls.serverName;
+  return out;
+}
+
+function buildRequest(key, opts, limit, semaphore) {
+  return create(AcquireRequestSchema, {
+    key,
+    value: asBytes(opts.value),
+    limit,
+    fair: Boolean(opts.fair),
+    kind: semaphore ? AcquireKind.SEMAPHORE : AcquireKind.LOCK,
+    waitTimeout: duration(opts.wait, "wait"),
+    session: { case: "newSession", value: sessionOptions(opts) },
+  });
+}
+
+function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(done, ms);
+    function done() {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }
+    function onAbort() {
+      clearTimeout(t);
+      reject(signal.reason);
+    }
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+/**
+ * A held lock or semaphore slot. The broker keeps it alive while the lease
+ * is open; the lease watches the guaranteed deadline, moves the hold to
+ * another replica when its replica goes away, and reports a loss (signal
+ * aborted, onLost callbacks, check() throws) before the deadline when it
+ * cannot.
+ */
+export class Lease {
+  constructor(client, replica, req, seq, reader, deadline) {
+    this._client = client;
+    this._req = req;
+    this.key = req.key;
+    this.value = req.value;
+    this.sequencer = seq;
+    this._replica = replica;
+    this._reader = reader;
+    this._deadline = deadline;
+    this._releasing = false;
+    this._released = false;
+    this._error = undefined;
+    this._callbacks = [];
+    this._abort = new AbortController();
+    this.resumes = 0;
+    this._wakeUp = undefined;
+    this._wake = new Promise((r) => (this._wakeUp = r));
+    this._done = this._run(reader);
+  }
+
+  /** The fencing token of this grant (bigint). */
+  get token() {
+    return this.sequencer.token;
+  }
+
+  get sessionId() {
+    return this.sequencer.sessionId;
+  }
+
+  /** Until when the hold is guaranteed, as of the broker's last word (epoch ms). */
+  get deadline() {
+    return toEpoch(this._deadline);
+  }
+
+  /** Milliseconds the hold is still guaranteed for (negative once past). */
+  remainingMs() {
+    return this._deadline - now();
+  }
+
+  /** Aborted, with a LockLostError reason, when the lease is lost. */
+  get signal() {
+    return this._abort.signal;
+  }
+
+  get lost() {
+    return this._error !== undefined;
+  }
+
+  get error() {
+    return this._error;
+  }
+
+  get released() {
+    return this._released;
+  }
+
+  /** The broker replica that holds the lease now. */
+  get target() {
+    return this._client.targets[this._replica];
+  }
+
+  /** Throws LockLostError unless the hold is still guaranteed now. */
+  check() {
+    if (this._error) throw this._error;
+    if (this._released) throw new LockLostError("RELEASED", "released by this client");
+    if (now() >= this._deadline - CLIENT_MARGIN_MS) {
+      throw new LockLostError("KEEPALIVE_TIMEOUT", "no keepalive from the broker before the guaranteed deadline");
+    }
+  }
+
+  /** Calls cb(LockLostError) once when the lease is lost (at once if it is). Not after release(). */
+  onLost(cb) {
+    if (this._error) queueMicrotask(() => callSafely(cb, this._error));
+    else this._callbacks.push(cb);
+  }
+
+  /** Resolves to the LockLostError once lost, or undefined after timeoutMs. */
+  waitLost(timeoutMs) {
+    if (this._error) return Promise.resolve(this._error);
+    return new Promise((resolve) => {
+      let timer;
+      const onAbort = () => {
+        clearTimeout(timer);
+        resolve(this._error);
+      };
+      this.signal.addEventListener("abort", onAbort, { once: true });
+      if (timeoutMs !== undefined) {
+        timer = setTimeout(() => {
+          this.signal.removeEventListener("abort", onAbort);
+          resolve(undefined);
+        }, timeoutMs);
+      }
+    });
+  }
+
+  /** Changes the holder's value; the sequencer stays the same. */
+  async setValue(value) {
+    this.check();
+    const v = asBytes(value);
+    await this._client._unary("lock", "setValue", { key: this.key, sessionId: this.sessionId, value: v, token: this.token });
+    this.value = v;
+  }
+
+  /** Gives the hold up; resolves to true if this call released it. */
+  async release({ timeoutMs = 10_000 } = {}) {
+    if (this._error || this._released || this._releasing) return false;
+    this._releasing = true;
+    const end = now() + timeoutMs;
+    try {
+      await this._client._unary(
+        "lock",
+        "release",
+        { key: this.key, sessionId: this.sessionId, token: this.token },
+        { timeoutMs: Math.max(100, Math.min(timeoutMs, this._client.timeoutMs)) },
+      );
+    } catch {
+      // Closing the stream releases a broker-owned session too.
+      this._reader.cancel();
+    }
+    this._wakeUp();
+    let timer;
+    const finished = await Promise.race([
+      this._done.then(() => true),
+      new Promise((r) => (timer = setTimeout(() => r(false), Math.max(0, end - now())))),
+    ]);
+    clearTimeout(timer);
+    if (!finished) {
+      this._reader.cancel();
+      await Promise.race([this._done, new Promise((r) => (timer = setTimeout(r, 1000)))]);
+      clearTimeout(timer);
+    }
+    this._released = this._error === undefined;
+    this._client._leases.delete(this);
+    return true;
+  }
+
+  async [Symbol.asyncDispose]() {
+    await this.release();
+  }
+
+  // -- the lease's loop -----------------------------------------------------
+
+  _giveUpAt() {
+    return this._deadline - CLIENT_MARGIN_MS;
+  }
+
+  _stallAt(lastWord, guaranteed) {
+    return this._client.targets.length < 2 ? Infinity : lastWord + STALL_SHARE * guaranteed;
+  }
+
+  async _run(reader) {
+    try {
+      for (;;) {
+        const outcome = await this._follow(reader);
+        if (outcome !== undefined) {
+          this._finish(outcome);
+          return;
+        }
+        reader = await this._resume();
+        if (reader === undefined) return;
+      }
+    } catch (e) {
+      this._finish(new LockLostError("KEEPALIVE_TIMEOUT", `client error: ${e?.message ?? e}`));
+    }
+  }
+
+  // Reads the stream until the lease ends (LockLostError or RELEASED) or
+  // should move (undefined: broken stream, broker shutting down, or a
+  // silent replica with others to try).
+  async _follow(reader) {
+    let stallAt = this._stallAt(now(), this._deadline - now());
+    for (;;) {
+      const giveUp = this._giveUpAt();
+      const t0 = now();
+      if (t0 >= giveUp) return new LockLostError("KEEPALIVE_TIMEOUT", "no keepalive from the broker before the guaranteed deadline");
+      if (t0 >= stallAt) return undefined;
+      const item = await reader.get(Math.min(giveUp, stallAt) - t0);
+      if (item === undefined) continue;
+      const [t, msg] = item;
+      if (msg === END || msg instanceof Error) {
+        if (this._releasing) return RELEASED;
+        return undefined;
+      }
+      const ev = msg.event;
+      if (ev.case === "keepalive") {
+        const g = durationMs(ev.value.guaranteedFor);
+        this._deadline = t + g;
+        stallAt = this._stallAt(t, g);
+      } else if (ev.case === "released") {
+        return this._releasing ? RELEASED : new LockLostError("RELEASED", "released through the Release call from elsewhere");
+      } else if (ev.case === "lost") {
+        const reason = lostReasonName(ev.value.reason);
+        if (reason === "BROKER_SHUTDOWN") return undefined;
+        return new LockLostError(reason, ev.value.detail);
+      }
+    }
+  }
+
+  async _resume() {
+    const client = this._client;
+    const n = client.targets.length;
+    const old = this._reader;
+    const start = this._replica;
+    const req = clone(AcquireRequestSchema, this._req);
+    req.session = { case: "resume", value: sequencerToProto(this.sequencer) };
+    for (let attempt = 1; ; attempt++) {
+      if (this._releasing) {
+        old.cancel();
+        this._finish(RELEASED);
+        return undefined;
+      }
+      const remaining = this._giveUpAt() - now();
+      if (remaining <= 0) {
+        old.cancel();
+        this._finish(new LockLostError("KEEPALIVE_TIMEOUT", "no broker replica could resume the hold before its guaranteed deadline"));
+        return undefined;
+      }
+      const i = (start + attempt) % n;
+      const reader = new Reader((s) => client._locks[i].acquire(req, client._callOptions({ signal: s })));
+      const result = await this._awaitResume(reader, now() + Math.min(remaining, RESUME_ATTEMPT_MS));
+      if (typeof result === "number") {
+        this._reader = reader;
+        this._replica = i;
+        this._deadline = result;
+        this.resumes++;
+        old.cancel();
+        if (this._releasing) reader.cancel();
+        return reader;
+      }
+      reader.cancel();
+      if (result instanceof LockLostError) {
+        old.cancel();
+        this._finish(result);
+        return undefined;
+      }
+      if (attempt % n === 0) {
+        let timer;
+        await Promise.race([
+          this._wake,
+          new Promise((r) => (timer = setTimeout(r, Math.min(200, Math.max(0, this._giveUpAt() - now()))))),
+        ]);
+        clearTimeout(timer);
+      }
+    }
+  }
+
+  // The new deadline (number) once `acquired` comes with the same grant; a
+  // LockLostError when the hold is gone; else the error.
+  async _awaitResume(reader, bound) {
+    for (;;) {
+      const left = Math.min(bound, this._giveUpAt()) - now();
+      if (left <= 0) return new UnavailableError("resume attempt timed out");
+      const item = await reader.get(left, this._releasing ? undefined : this._wake);
+      if (item === undefined) {
+        if (this._releasing) return new CancelledError("released while resuming");
+        continue;
+      }
+      const [t, msg] = item;
+      if (msg === END || msg instanceof Error) {
+        const err = streamError(msg);
+        if (resumeRefused(err)) return new LockLostError("RESUME_REFUSED", `resume refused: ${err.message}`);
+        return err;
+      }
+      const ev = msg.event;
+      if (ev.case === "acquired") {
+        const seq = ev.value.sequencer;
+        if (seq.token !== this.token || seq.sessionId !== this.sessionId) {
+          return new LockLostError("RESUME_REFUSED", `resume returned another grant (token ${seq.token})`);
+        }
+        return t + durationMs(ev.value.guaranteedFor);
+      }
+      if (ev.case === "lost") return new LockLostError(lostReasonName(ev.value.reason), ev.value.detail);
+    }
+  }
+
+  _finish(outcome) {
+    if (this._error || this._released) return;
+    if (this._releasing) outcome = RELEASED;
+    this._reader.cancel();
+    if (outcome === RELEASED) {
+      this._released = true;
+      this._client._leases.delete(this);
+      return;
+    }
+    this._error = outcome;
+    this._client._leases.delete(this);
+    const callbacks = this._callbacks;
+    this._callbacks = [];
+    this._abort.abort(outcome);
+    for (const cb of callbacks) callSafely(cb, outcome);
+  }
+}
+
+function callSafely(cb, err) {
+  try {
+    const r = cb(err);
+    if (r && typeof r.catch === "function") r.catch((e) => console.error("lockbroker: onLost callback failed:", e));
+  } catch (e) {
+    console.error("lockbroker: onLost callback failed:", e);
+  }
+}
+
+/**
+ * Leader election on one key: campaign() resolves once this process leads
+ * (the Lease; its value is the leader's identity), leader() says who leads
+ * now, observe() yields the leader (a Holder) or null after every change.
+ */
+export class Election {
+  constructor(client, key) {
+    this.client = client;
+    this.key = key;
+  }
+
+  campaign(value, opts = {}) {
+    return this.client.lock(this.key, { ...opts, value });
+  }
+
+  async leader() {
+    return (await this.client.getLock(this.key)).holder;
+  }
+
+  async *observe(opts = {}) {
+    let last;
+    let first = true;
+    for await (const state of this.client.watch(this.key, opts)) {
+      const h = state.holder;
+      const ident = h ? `${h.sessionId}\0${Buffer.from(h.value).toString("base64")}` : null;
+      if (first || ident !== last) {
+        first = false;
+        last = ident;
+        yield h;
+      }
+    }
+  }
+}
+
+export { SNAPSHOT_COMPLETE };
