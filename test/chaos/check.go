@@ -417,7 +417,7 @@ func CheckLeaks(l Leftovers) Result {
 		r.add(Violation{Msg: "session left in Consul: " + s})
 	}
 	for _, k := range l.Keys {
-		r.add(Violation{Key: k, Msg: "key left in Consul: " + k})
+		r.add(Violation{Msg: "key left in Consul: " + k})
 	}
 	for _, b := range l.BrokerExits {
 		r.add(Violation{Msg: "unclean broker exit: " + b})

@@ -48,7 +48,7 @@ type Hold struct {
 	// Paused: the client was frozen during the hold; it is excluded from
 	// the overlap and loss checks (fencing must stop it instead).
 	Paused bool
-	// Resumes counts re-attachments on another replica.
+	// Resumes counts the resume attempts the client made during the hold.
 	Resumes int
 }
 
@@ -177,27 +177,42 @@ func (h *History) StartHold(hd Hold) *Hold {
 	return p
 }
 
-// EndHold ends hd's belief at now with reason and the client's deadline.
-// Only the first call counts.
-func (h *History) EndHold(hd *Hold, at time.Duration, reason string, deadline time.Duration) {
+// EndHold ends hd's belief at at with reason, the client's deadline and
+// the number of resume attempts made during the hold. Only the first call
+// counts.
+func (h *History) EndHold(hd *Hold, at time.Duration, reason string, deadline time.Duration, resumes int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if hd.End == 0 {
-		hd.End, hd.Reason, hd.Deadline = at, reason, deadline
+		hd.End, hd.Reason, hd.Deadline, hd.Resumes = at, reason, deadline, resumes
 	}
+}
+
+// Offset converts a wall time to the run's clock (0 for the zero time).
+func (h *History) Offset(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return t.Sub(h.start)
+}
+
+// Current returns copies of the holds still believed, oldest first.
+func (h *History) Current() []Hold {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []Hold
+	for _, hd := range h.holds {
+		if hd.End == 0 {
+			out = append(out, *hd)
+		}
+	}
+	return out
 }
 
 // Pause marks hd as belonging to a frozen client.
 func (h *History) Pause(hd *Hold) {
 	h.mu.Lock()
 	hd.Paused = true
-	h.mu.Unlock()
-}
-
-// Resumed counts a resume of hd.
-func (h *History) Resumed(hd *Hold) {
-	h.mu.Lock()
-	hd.Resumes++
 	h.mu.Unlock()
 }
 

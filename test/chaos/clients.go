@@ -1,0 +1,605 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/lockbroker/lockbroker/client"
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+)
+
+// Env is what every client of a run shares.
+type Env struct {
+	Hist      *History
+	Res       *Resource
+	Quiet     *atomic.Bool // quiet period: short holds, so everyone gets a turn
+	TTL       time.Duration
+	LockDelay time.Duration
+	// IgnoreTokens: clients send no token to the resource (no-fencing).
+	IgnoreTokens bool
+}
+
+// Client is one client of the run: a goroutine (two for observers) with
+// its own connections, through its own proxies, to every broker.
+type Client struct {
+	ID    int
+	Kind  ClientKind
+	Key   string
+	Limit int
+	Links []*Link // one per broker, in broker order
+
+	env     *Env
+	conns   []*grpc.ClientConn
+	rng     *rand.Rand
+	gate    gate
+	resumes atomic.Int64
+	value   int64
+}
+
+// NewClient dials every link (lazily, as gRPC does).
+func NewClient(id int, kind ClientKind, key string, limit int, links []*Link, env *Env, seed uint64) (*Client, error) {
+	c := &Client{ID: id, Kind: kind, Key: key, Limit: limit, Links: links, env: env,
+		rng: rand.New(rand.NewPCG(seed, uint64(id))), gate: newGate()}
+	for _, l := range links {
+		conn, err := grpc.NewClient(l.Addr(),
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+				MinConnectTimeout: 2 * time.Second,
+			}),
+			grpc.WithStreamInterceptor(c.countResumes))
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		c.conns = append(c.conns, conn)
+	}
+	return c, nil
+}
+
+// Close closes the client's connections.
+func (c *Client) Close() {
+	for _, conn := range c.conns {
+		_ = conn.Close()
+	}
+}
+
+// Name names the client in faults and reports.
+func (c *Client) Name() string { return fmt.Sprintf("client-%d(%s)", c.ID, c.Kind) }
+
+// Run is the client's life until ctx ends.
+func (c *Client) Run(ctx context.Context) {
+	switch c.Kind {
+	case KindRaw:
+		c.loop(ctx, c.acquireRaw, true)
+	case KindSem:
+		c.loop(ctx, c.acquireLib, false)
+	case KindObserver:
+		c.observe(ctx)
+	default:
+		c.loop(ctx, c.acquireLib, true)
+	}
+}
+
+// countResumes counts the Acquire streams the client opens to resume.
+func (c *Client) countResumes(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil || method != lockbrokerv1.LockService_Acquire_FullMethodName {
+		return s, err
+	}
+	return &resumeCounter{ClientStream: s, c: c}, nil
+}
+
+type resumeCounter struct {
+	grpc.ClientStream
+	c *Client
+}
+
+func (r *resumeCounter) SendMsg(m any) error {
+	if req, ok := m.(*lockbrokerv1.AcquireRequest); ok && req.GetResume() != nil {
+		r.c.resumes.Add(1)
+	}
+	return r.ClientStream.SendMsg(m)
+}
+
+// between returns a random duration in [lo, hi).
+func (c *Client) between(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(c.rng.Int64N(int64(hi-lo)))
+}
+
+// holdTime is how long the next hold is kept.
+func (c *Client) holdTime() time.Duration {
+	if c.env.Quiet.Load() {
+		return c.between(100*time.Millisecond, 400*time.Millisecond)
+	}
+	switch c.Kind {
+	case KindElect:
+		return c.between(time.Second, 4*time.Second)
+	case KindSem:
+		return c.between(500*time.Millisecond, 3*time.Second)
+	default:
+		return c.between(200*time.Millisecond, 2*time.Second)
+	}
+}
+
+// lease is a believed hold, whichever way it was taken.
+type lease interface {
+	lost() <-chan struct{}
+	reason() string // once lost() is closed
+	deadline() time.Time
+	release(ctx context.Context)
+}
+
+// acquireFunc takes the client's key once (bounded by ctx).
+type acquireFunc func(ctx context.Context) (lease, *lockbrokerv1.Sequencer, error)
+
+// loop acquires, holds, releases, again and again.
+func (c *Client) loop(ctx context.Context, acquire acquireFunc, writes bool) {
+	for ctx.Err() == nil {
+		c.gate.wait(ctx)
+		call := c.env.Hist.Now()
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		l, seq, err := acquire(actx)
+		cancel()
+		ret := c.env.Hist.Now()
+		a := Attempt{Client: c.ID, Key: c.Key, Call: call, Return: ret, OK: err == nil}
+		if err != nil {
+			a.Err = truncate(err.Error(), 200)
+		}
+		c.env.Hist.AddAttempt(a)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			sleep(ctx, c.between(100*time.Millisecond, time.Second))
+			continue
+		}
+		h := c.env.Hist.StartHold(Hold{Client: c.ID, Kind: c.Kind, Key: c.Key, Limit: c.Limit,
+			Token: seq.GetToken(), Session: seq.GetSessionId(), Call: call, Acquired: ret})
+		c.hold(ctx, l, seq, h, writes)
+		sleep(ctx, c.between(0, 300*time.Millisecond))
+	}
+}
+
+// hold keeps a believed hold until it is lost, its time is up, or ctx
+// ends, writing to the fenced resource and checking the sequencer.
+func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer, h *Hold, writes bool) {
+	resumes0 := c.resumes.Load()
+	hist := c.env.Hist
+	end := func(reason string) {
+		hist.EndHold(h, hist.Now(), reason, hist.Offset(l.deadline()), int(c.resumes.Load()-resumes0))
+	}
+	lostNow := func() bool {
+		select {
+		case <-l.lost():
+			end(l.reason())
+			return true
+		default:
+			return false
+		}
+	}
+	relT := time.NewTimer(c.holdTime())
+	defer relT.Stop()
+	writeT := time.NewTimer(c.between(20*time.Millisecond, 200*time.Millisecond))
+	defer writeT.Stop()
+	checkT := time.NewTimer(c.between(300*time.Millisecond, 1500*time.Millisecond))
+	defer checkT.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			end(EndRunEnd)
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			l.release(rctx)
+			cancel()
+			return
+		case <-l.lost():
+			end(l.reason())
+			return
+		case <-c.gate.freezing():
+			hist.Pause(h)
+			c.gate.waitThaw(ctx)
+			if ctx.Err() != nil {
+				continue
+			}
+			// A paused process finishes the write it had started, without
+			// looking at the lease: only the token can stop it now.
+			if writes {
+				c.write(h, true)
+			}
+		case <-writeT.C:
+			if lostNow() {
+				return
+			}
+			if writes {
+				c.write(h, false)
+			}
+			writeT.Reset(c.between(100*time.Millisecond, 300*time.Millisecond))
+		case <-checkT.C:
+			if lostNow() {
+				return
+			}
+			if writes {
+				c.checkSequencer(ctx, seq, h)
+			}
+			checkT.Reset(c.between(500*time.Millisecond, 1500*time.Millisecond))
+		case <-relT.C:
+			if lostNow() {
+				return
+			}
+			end(EndReleased) // the belief ends before the release starts
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			l.release(rctx)
+			cancel()
+			return
+		}
+	}
+}
+
+// write writes the next value to the fenced resource with h's token.
+func (c *Client) write(h *Hold, stale bool) {
+	c.value++
+	tok := h.Token
+	if c.env.IgnoreTokens {
+		tok = 0
+	}
+	call := c.env.Hist.Now()
+	ok, seq := c.env.Res.Write(h.Key, tok, c.value)
+	c.env.Hist.AddWrite(Write{Client: c.ID, HoldID: h.ID, Key: h.Key, Token: h.Token, Value: c.value,
+		Call: call, Return: c.env.Hist.Now(), Accepted: ok, Seq: seq, Stale: stale})
+}
+
+// checkSequencer asks a broker whether h's grant (seq, as `acquired`
+// carried it) is still current.
+func (c *Client) checkSequencer(ctx context.Context, seq *lockbrokerv1.Sequencer, h *Hold) {
+	stub := lockbrokerv1.NewLockServiceClient(c.conns[c.rng.IntN(len(c.conns))])
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	call := c.env.Hist.Now()
+	resp, err := stub.CheckSequencer(cctx, &lockbrokerv1.CheckSequencerRequest{Sequencer: seq})
+	if err != nil {
+		return
+	}
+	c.env.Hist.AddCheck(Check{Client: c.ID, Key: h.Key, Token: h.Token, Current: resp.GetCurrent(), Call: call, Return: c.env.Hist.Now()})
+}
+
+// libClient is the Go client over all replicas, starting at a random one.
+func (c *Client) libClient() *client.Client {
+	first := c.rng.IntN(len(c.conns))
+	var rest []grpc.ClientConnInterface
+	for i := 1; i < len(c.conns); i++ {
+		rest = append(rest, c.conns[(first+i)%len(c.conns)])
+	}
+	return client.New(c.conns[first], client.WithReplicas(rest...))
+}
+
+// acquireLib takes the key with the Go client (resume on).
+func (c *Client) acquireLib(ctx context.Context) (lease, *lockbrokerv1.Sequencer, error) {
+	opts := []client.LockOption{client.WithTTL(c.env.TTL), client.WithLockDelay(c.env.LockDelay),
+		client.WithValue([]byte(c.Name()))}
+	if c.Limit > 1 {
+		opts = append(opts, client.WithLimit(uint32(c.Limit)))
+	}
+	l, err := c.libClient().Lock(ctx, c.Key, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &libLease{l: l}, l.Sequencer(), nil
+}
+
+// libLease adapts a client.Lease.
+type libLease struct {
+	l    *client.Lease
+	ours atomic.Bool
+}
+
+func (l *libLease) lost() <-chan struct{} { return l.l.Lost() }
+func (l *libLease) deadline() time.Time   { return l.l.Deadline() }
+func (l *libLease) release(ctx context.Context) {
+	l.ours.Store(true)
+	_ = l.l.Release(ctx)
+}
+
+func (l *libLease) reason() string {
+	err := l.l.Err()
+	var le *client.LostError
+	switch {
+	case errors.Is(err, client.ErrReleased) && l.ours.Load():
+		return EndReleased
+	case errors.Is(err, client.ErrReleased):
+		return "lost:RELEASED_UNASKED"
+	case errors.As(err, &le):
+		return "lost:" + strings.TrimPrefix(le.Reason.String(), "LOST_REASON_")
+	case err == nil:
+		return "lost:UNKNOWN"
+	}
+	return "lost:" + truncate(err.Error(), 60)
+}
+
+// rawMargin is how long before its deadline a raw client gives a hold up.
+const rawMargin = 250 * time.Millisecond
+
+// acquireRaw takes the key with a bare LockService stub on one replica:
+// no resume; the client enforces the deadline itself.
+func (c *Client) acquireRaw(ctx context.Context) (lease, *lockbrokerv1.Sequencer, error) {
+	stub := lockbrokerv1.NewLockServiceClient(c.conns[c.rng.IntN(len(c.conns))])
+	sctx, cancel := context.WithCancel(context.Background())
+	stop := context.AfterFunc(ctx, cancel)
+	stream, err := stub.Acquire(sctx, &lockbrokerv1.AcquireRequest{
+		Key: c.Key, Value: []byte(c.Name()), Limit: uint32(c.Limit),
+		Session: &lockbrokerv1.AcquireRequest_NewSession{NewSession: &lockbrokerv1.SessionOptions{
+			Ttl: durationpb.New(c.env.TTL), LockDelay: durationpb.New(c.env.LockDelay)}},
+	})
+	if err != nil {
+		stop()
+		cancel()
+		return nil, nil, err
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			stop()
+			cancel()
+			return nil, nil, err
+		}
+		if a := resp.GetAcquired(); a != nil {
+			if !stop() {
+				cancel()
+				return nil, nil, ctx.Err()
+			}
+			l := &rawLease{stub: stub, cancel: cancel, seq: a.GetSequencer(), lostCh: make(chan struct{}), done: make(chan struct{}),
+				dl: time.Now().Add(a.GetGuaranteedFor().AsDuration())}
+			go l.follow(stream)
+			return l, a.GetSequencer(), nil
+		}
+	}
+}
+
+// rawLease is a hold on a bare stream.
+type rawLease struct {
+	stub   lockbrokerv1.LockServiceClient
+	cancel context.CancelFunc
+	seq    *lockbrokerv1.Sequencer
+	lostCh chan struct{}
+	done   chan struct{}
+
+	mu   sync.Mutex
+	dl   time.Time
+	why  string
+	ours bool
+}
+
+func (l *rawLease) lost() <-chan struct{} { return l.lostCh }
+
+func (l *rawLease) reason() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.why
+}
+
+func (l *rawLease) deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.dl
+}
+
+// end closes the lease once with why.
+func (l *rawLease) end(why string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.why != "" {
+		return
+	}
+	if l.ours {
+		why = EndReleased
+	}
+	l.why = why
+	close(l.lostCh)
+}
+
+// follow reads the stream: keepalives move the deadline; lost, released
+// or a broken stream end the hold, and so does the deadline passing.
+func (l *rawLease) follow(stream lockbrokerv1.LockService_AcquireClient) {
+	defer close(l.done)
+	defer l.cancel()
+	type recv struct {
+		resp *lockbrokerv1.AcquireResponse
+		err  error
+	}
+	events := make(chan recv, 1)
+	go func() {
+		for {
+			resp, err := stream.Recv()
+			events <- recv{resp, err}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		timer := time.NewTimer(time.Until(l.deadline().Add(-rawMargin)))
+		select {
+		case <-timer.C:
+			l.end("lost:LOCAL_DEADLINE")
+			l.cancel()
+			for ev := range events { // drain until the reader exits
+				if ev.err != nil {
+					return
+				}
+			}
+			return
+		case ev := <-events:
+			timer.Stop()
+			if ev.err != nil {
+				l.end("lost:STREAM_BROKEN")
+				return
+			}
+			switch e := ev.resp.GetEvent().(type) {
+			case *lockbrokerv1.AcquireResponse_Keepalive:
+				l.mu.Lock()
+				l.dl = time.Now().Add(e.Keepalive.GetGuaranteedFor().AsDuration())
+				l.mu.Unlock()
+			case *lockbrokerv1.AcquireResponse_Lost:
+				l.end("lost:" + strings.TrimPrefix(e.Lost.GetReason().String(), "LOST_REASON_"))
+			case *lockbrokerv1.AcquireResponse_Released:
+				l.end("lost:RELEASED_UNASKED")
+			}
+		}
+	}
+}
+
+// release ends the hold: half the time with Release (key, session and
+// token precondition), else by closing the stream.
+func (l *rawLease) release(ctx context.Context) {
+	l.mu.Lock()
+	l.ours = true
+	l.mu.Unlock()
+	if time.Now().UnixNano()%2 == 0 {
+		_, _ = l.stub.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: l.seq.GetKey(), SessionId: l.seq.GetSessionId(), Token: l.seq.GetToken()})
+	}
+	l.cancel()
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+	}
+}
+
+// observe follows the election key: client.Watch (or a raw Watch stream
+// for odd ids) records every state seen, and GetLock polls feed the
+// linearizability check.
+func (c *Client) observe(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { c.pollGetLock(ctx) })
+	raw := c.ID%2 == 1
+	for ctx.Err() == nil {
+		if raw {
+			c.watchRaw(ctx)
+		} else {
+			c.watchLib(ctx)
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+	wg.Wait()
+}
+
+func holderToken(st *lockbrokerv1.LockState) uint64 {
+	if hs := st.GetHolders(); len(hs) > 0 {
+		return hs[0].GetToken()
+	}
+	return 0
+}
+
+func (c *Client) watchLib(ctx context.Context) {
+	w, err := c.libClient().Watch(ctx, c.Key)
+	if err != nil {
+		return
+	}
+	for resp := range w.C {
+		c.env.Hist.AddObservation(Observation{Client: c.ID, Key: c.Key, At: c.env.Hist.Now(), Holder: holderToken(resp.GetState())})
+	}
+}
+
+func (c *Client) watchRaw(ctx context.Context) {
+	stub := lockbrokerv1.NewLockServiceClient(c.conns[c.rng.IntN(len(c.conns))])
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := stub.Watch(wctx, &lockbrokerv1.WatchRequest{Key: c.Key})
+	if err != nil {
+		return
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return
+		}
+		c.env.Hist.AddObservation(Observation{Client: c.ID, Key: c.Key, At: c.env.Hist.Now(), Holder: holderToken(resp.GetState()), Raw: true})
+	}
+}
+
+// pollGetLock reads the key's holder (a consistent read) now and then.
+func (c *Client) pollGetLock(ctx context.Context) {
+	for ctx.Err() == nil {
+		sleep(ctx, c.between(300*time.Millisecond, 700*time.Millisecond))
+		stub := lockbrokerv1.NewLockServiceClient(c.conns[c.rng.IntN(len(c.conns))])
+		gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		call := c.env.Hist.Now()
+		resp, err := stub.GetLock(gctx, &lockbrokerv1.GetLockRequest{Key: c.Key})
+		cancel()
+		if err != nil {
+			continue
+		}
+		c.env.Hist.AddCheck(Check{Client: c.ID, Key: c.Key, GetLock: true, Holder: holderToken(resp.GetState()),
+			Call: call, Return: c.env.Hist.Now()})
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// gate freezes a client's goroutine: Freeze closes the channel that
+// freezing returns; the client then waits in waitThaw until Thaw.
+type gate struct {
+	mu   sync.Mutex
+	ch   chan struct{} // closed while frozen
+	thaw chan struct{} // closed by Thaw
+}
+
+func newGate() gate { return gate{ch: make(chan struct{}), thaw: make(chan struct{})} }
+
+func (g *gate) freezing() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.ch
+}
+
+// Freeze stops the client at its next step.
+func (g *gate) Freeze() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.thaw = make(chan struct{})
+	close(g.ch)
+}
+
+// Thaw lets it go on.
+func (g *gate) Thaw() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.ch = make(chan struct{})
+	close(g.thaw)
+}
+
+func (g *gate) waitThaw(ctx context.Context) {
+	g.mu.Lock()
+	t := g.thaw
+	g.mu.Unlock()
+	select {
+	case <-t:
+	case <-ctx.Done():
+	}
+}
+
+// wait blocks while the client is frozen.
+func (g *gate) wait(ctx context.Context) {
+	select {
+	case <-g.freezing():
+		g.waitThaw(ctx)
+	default:
+	}
+}

@@ -1,0 +1,214 @@
+// Command chaos runs lockbroker's chaos suite (see test/chaos/README.md):
+//
+//	go run ./test/chaos/cmd/chaos -profile short            # the real thing
+//	go run ./test/chaos/cmd/chaos -profile short -mutant no-fencing
+//	go run ./test/chaos/cmd/chaos -profile short -mutants   # real, then every mutant
+//
+// It exits 0 when every checker passes (with -mutants: the real build
+// passes and every mutant is caught), 1 on a violation (or an uncaught
+// mutant), 2 when the run itself could not be carried out.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lockbroker/lockbroker/test/chaos"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func run() int {
+	var (
+		profile   = flag.String("profile", env("CHAOS_PROFILE", "short"), "short (≤3 min, with -race) or full (~20 min) (env CHAOS_PROFILE)")
+		seedStr   = flag.String("seed", env("SEED", ""), "schedule seed; empty picks one and prints it (env SEED)")
+		mutant    = flag.String("mutant", env("MUTANT", ""), "run one mutant: no-loss-notice, no-fencing, no-resume-fence (env MUTANT); the run must fail")
+		mutants   = flag.Bool("mutants", false, "run the real build, then every mutant: fail if the real build fails or any mutant passes")
+		race      = flag.Bool("race", env("CHAOS_RACE", "1") != "0", "build the brokers with -race (env CHAOS_RACE=0 turns it off)")
+		out       = flag.String("out", env("CHAOS_OUT", ""), "directory for logs and reports (default: a new temporary directory) (env CHAOS_OUT)")
+		src       = flag.String("src", env("CHAOS_SRC", ""), "module root to build cmd/broker from (default: this repository) (env CHAOS_SRC)")
+		brokerBin = flag.String("broker-bin", env("CHAOS_BROKER_BIN", ""), "use this broker binary instead of building one (real runs only)")
+		duration  = flag.Duration("duration", 0, "override the profile's schedule length (env CHAOS_DURATION)")
+		clients   = flag.Int("clients", 0, "override the number of Go (client/) lock clients (env CHAOS_CLIENTS)")
+	)
+	flag.Parse()
+	if *duration == 0 {
+		if d, err := time.ParseDuration(os.Getenv("CHAOS_DURATION")); err == nil {
+			*duration = d
+		}
+	}
+	if *clients == 0 {
+		*clients, _ = strconv.Atoi(os.Getenv("CHAOS_CLIENTS"))
+	}
+	p, ok := chaos.Profiles[*profile]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "chaos: unknown profile %q (short, full)\n", *profile)
+		return 2
+	}
+	if *duration > 0 {
+		p.Total = *duration
+		if *duration < p.QuietLen+20*time.Second { // too short for a quiet period
+			p.QuietLen, p.CheckLiveness = 0, false
+		}
+		p.ChaosLen = min(p.ChaosLen, *duration-p.QuietLen)
+	}
+	if *clients > 0 {
+		p.Lib = *clients
+	}
+	var seed uint64
+	if *seedStr == "" {
+		seed = rand.Uint64() % 1_000_000_000
+	} else {
+		var err error
+		if seed, err = strconv.ParseUint(*seedStr, 10, 64); err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: bad seed %q\n", *seedStr)
+			return 2
+		}
+	}
+	if *mutant != "" {
+		if _, ok := chaos.Mutants[*mutant]; !ok {
+			fmt.Fprintf(os.Stderr, "chaos: unknown mutant %q\n", *mutant)
+			return 2
+		}
+	}
+	if *src == "" {
+		root, err := repoRoot()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
+			return 2
+		}
+		*src = root
+	}
+	if *out == "" {
+		dir, err := os.MkdirTemp("", "lockbroker-chaos-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
+			return 2
+		}
+		*out = dir
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Printf("chaos: seed %d (replay with SEED=%d), profile %s, output in %s\n", seed, seed, p.Name, *out)
+
+	runs := []string{*mutant}
+	if *mutants {
+		runs = []string{"", "no-loss-notice", "no-fencing", "no-resume-fence"}
+	}
+	bins := map[string]string{}
+	for _, m := range runs {
+		tags := chaos.Mutants[m]
+		if _, ok := bins[tags]; ok {
+			continue
+		}
+		if tags == "" && *brokerBin != "" {
+			bins[tags] = *brokerBin
+			continue
+		}
+		fmt.Printf("chaos: building cmd/broker (race=%v, tags %q)\n", *race, tags)
+		bin, err := chaos.BuildBroker(ctx, *src, *out, *race, tags)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
+			return 2
+		}
+		bins[tags] = bin
+	}
+	cluster, err := chaos.StartCluster(ctx, filepath.Join(*out, "consul"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	defer cluster.Close()
+
+	status := 0
+	var summary []string
+	for _, m := range runs {
+		rp := p
+		name := "real"
+		if m != "" {
+			rp = chaos.MutantProfile(m)
+			name = "mutant " + m
+		}
+		dir := filepath.Join(*out, strings.ReplaceAll(name, " ", "-"))
+		rep, err := chaos.Run(ctx, chaos.Config{Profile: rp, Seed: seed, Mutant: m, BrokerBin: bins[chaos.Mutants[m]],
+			OutDir: dir, Cluster: cluster, Progress: os.Stdout})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "chaos: %s: %v\n", name, err)
+			return 2
+		}
+		rep.Print(os.Stdout)
+		path := filepath.Join(dir, "report.json")
+		if err := rep.WriteJSON(path); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
+		}
+		failed := rep.Failed()
+		sort.Strings(failed)
+		switch {
+		case m == "" && len(failed) == 0:
+			summary = append(summary, "real build: PASS (every checker ok)")
+		case m == "":
+			summary = append(summary, "real build: FAIL, violations found by: "+strings.Join(failed, ", "))
+			status = 1
+		case len(failed) > 0:
+			summary = append(summary, fmt.Sprintf("mutant %s: caught by %s", m, strings.Join(failed, ", ")))
+			if !*mutants {
+				status = 1 // a single mutant run fails when caught, as it must
+			}
+		default:
+			summary = append(summary, fmt.Sprintf("mutant %s: NOT CAUGHT (every checker passed)", m))
+			if *mutants {
+				status = 1
+			}
+		}
+		fmt.Printf("report: %s\n", path)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	fmt.Println()
+	for _, s := range summary {
+		fmt.Println("chaos:", s)
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return 2
+	}
+	return status
+}
+
+// repoRoot finds the module root above the working directory.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/lockbroker/lockbroker\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside the lockbroker repository: pass -src")
+		}
+		dir = parent
+	}
+}

@@ -1,0 +1,661 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// Profile sizes a run.
+type Profile struct {
+	Name string
+	// Total is the length of the fault schedule (chaos and quiet periods).
+	Total, ChaosLen, QuietLen time.Duration
+	Brokers                   int
+	// Clients by kind, and the keys they share.
+	Lib, Raw, Sem, Elect, Observers int
+	LockKeys, SemKeys, ElectKeys    int
+	SemLimit                        int
+	TTL, LockDelay                  time.Duration
+	// Weights override fault weights (0 removes a kind); Must are kinds
+	// placed first in their lane.
+	Weights map[string]float64
+	Must    []string
+	// Liveness is checked only with quiet periods long enough.
+	CheckLiveness bool
+	// LinTimeout bounds porcupine.
+	LinTimeout time.Duration
+}
+
+// Recovery is the liveness bound's first part: 2×TTL (Consul expires an
+// orphaned session after up to twice its TTL), the lock-delay that
+// follows, and 5s for a Consul election and a broker restart.
+func (p Profile) Recovery() time.Duration { return 2*p.TTL + p.LockDelay + 5*time.Second }
+
+// Profiles are the built-in profiles.
+var Profiles = map[string]Profile{
+	"short": {Name: "short", Total: 100 * time.Second, ChaosLen: 58 * time.Second, QuietLen: 42 * time.Second,
+		Brokers: 3, Lib: 20, Raw: 3, Sem: 4, Elect: 3, Observers: 2, LockKeys: 5, SemKeys: 1, ElectKeys: 1, SemLimit: 3,
+		TTL: 10 * time.Second, LockDelay: 2 * time.Second, CheckLiveness: true, LinTimeout: 30 * time.Second,
+		Must:    []string{FClientFreeze, FBrokerTerm},
+		Weights: map[string]float64{FConsulRestartAll: 0.3}},
+	"full": {Name: "full", Total: 20 * time.Minute, ChaosLen: 150 * time.Second, QuietLen: 45 * time.Second,
+		Brokers: 3, Lib: 50, Raw: 6, Sem: 8, Elect: 6, Observers: 4, LockKeys: 12, SemKeys: 2, ElectKeys: 2, SemLimit: 3,
+		TTL: 10 * time.Second, LockDelay: 2 * time.Second, CheckLiveness: true, LinTimeout: 3 * time.Minute,
+		Must: []string{FClientFreeze, FBrokerTerm}},
+}
+
+// MutantProfile is the short run a mutant gets: 40s of chaos and no quiet
+// period, with the faults that exercise what the mutant breaks placed
+// first (admin session destroys for no-loss-notice, a client freeze for
+// no-fencing, rolling restarts and client link resets for
+// no-resume-fence), then the usual mix.
+func MutantProfile(mutant string) Profile {
+	p := Profiles["short"]
+	p.Name = "mutant-" + mutant
+	p.Total, p.ChaosLen, p.QuietLen = 40*time.Second, 40*time.Second, 0
+	p.CheckLiveness = false
+	p.Lib, p.Raw, p.Sem, p.Elect, p.Observers = 12, 2, 3, 3, 1
+	p.LockKeys = 3
+	p.Weights = map[string]float64{FConsulRestartAll: 0, FBrokerPauseLong: 0.5}
+	switch mutant {
+	case "no-loss-notice":
+		p.Must = []string{FSessionDestroy, FSessionDestroy, FSessionDestroy, FSessionDestroy}
+		p.Weights[FClientFreeze] = 0
+		p.Weights[FSessionDestroy] = 4
+	case "no-fencing":
+		p.Must = []string{FClientFreeze}
+	case "no-resume-fence":
+		p.Must = []string{FBrokerTerm, FClientReset, FClientPartition, FBrokerTerm}
+		p.Weights[FBrokerTerm] = 4
+		p.Weights[FClientReset] = 3
+	}
+	return p
+}
+
+// Config is one run.
+type Config struct {
+	Profile   Profile
+	Seed      uint64
+	Mutant    string // "" for the real thing
+	BrokerBin string // built with BuildBroker
+	OutDir    string // logs, report, visualization
+	// Cluster, if set, is used (and left running); otherwise the run
+	// starts its own.
+	Cluster  *consultest.Cluster
+	Progress io.Writer
+}
+
+// run is the state of one run.
+type run struct {
+	cfg     Config
+	p       Profile
+	prefix  string
+	hist    *History
+	res     *Resource
+	net     *Network
+	cluster *consultest.Cluster
+	brokers []*Broker
+	links   []*Link // broker i's link to Consul
+	clients []*Client
+	env     *Env
+	faults  faultStats
+	quiet   atomic.Bool
+
+	mu    sync.Mutex
+	exits []string // unclean SIGTERM exits
+	notes []string // faults that could not be injected as planned
+}
+
+// Run runs the suite once and returns its report. An error means the run
+// itself could not be carried out (not a violation).
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	p := cfg.Profile
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
+		return nil, err
+	}
+	tag := "normal"
+	if cfg.Mutant != "" {
+		tag = cfg.Mutant
+	}
+	r := &run{cfg: cfg, p: p, prefix: fmt.Sprintf("chaos/%d-%s", cfg.Seed, tag), hist: NewHistory(),
+		res: NewResource(cfg.Mutant != "no-fencing"), net: NewNetwork()}
+	defer r.net.Close()
+	r.env = &Env{Hist: r.hist, Res: r.res, Quiet: &r.quiet, TTL: p.TTL, LockDelay: p.LockDelay, IgnoreTokens: cfg.Mutant == "no-fencing"}
+	sched := Plan(cfg.Seed, p.Total, p.ChaosLen, p.QuietLen, p.TTL, p.LockDelay, p.Weights, p.Must)
+	r.logf("run %s: seed %d (SEED=%d replays it), profile %s, %d faults planned: %s", tag, cfg.Seed, cfg.Seed, p.Name,
+		sched.Count(), describeKinds(sched.ByKind()))
+
+	r.cluster = cfg.Cluster
+	if r.cluster == nil {
+		c, err := startCluster(ctx, cfg.OutDir)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		r.cluster = c
+	}
+	before, err := r.sessions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.startBrokers(ctx); err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, b := range r.brokers {
+			b.Kill()
+		}
+	}()
+	if err := r.startClients(); err != nil {
+		return nil, err
+	}
+	started := time.Now()
+
+	cctx, stopClients := context.WithCancel(ctx)
+	var cwg sync.WaitGroup
+	for _, c := range r.clients {
+		cwg.Go(func() { c.Run(cctx) })
+	}
+	pctx, stopProgress := context.WithCancel(ctx)
+	var pwg sync.WaitGroup
+	pwg.Go(func() { r.progress(pctx) })
+
+	for _, seg := range sched.Segments {
+		if ctx.Err() != nil {
+			break
+		}
+		if seg.Chaos {
+			r.executeSegment(ctx, seg)
+			r.restore(ctx)
+			continue
+		}
+		r.quiet.Store(true)
+		q := Quiet{Start: r.hist.Now()}
+		sleep(ctx, seg.Len)
+		q.End = r.hist.Now()
+		r.hist.AddQuiet(q)
+		r.quiet.Store(false)
+	}
+	stopProgress()
+	pwg.Wait()
+
+	// Wind down: clients release, brokers get SIGTERM, then nothing of
+	// the run may be left in Consul.
+	r.logf("stopping clients")
+	stopClients()
+	waitGroup(&cwg, 30*time.Second)
+	snap := r.hist.Snapshot()
+	for _, c := range r.clients {
+		c.Close()
+	}
+	r.logf("stopping brokers (SIGTERM)")
+	for _, b := range r.brokers {
+		if err := b.Term(); err != nil {
+			r.exit(err.Error())
+		}
+	}
+	left := r.leftovers(ctx, before)
+	duration := time.Since(started)
+	return r.report(snap, sched, left, duration), nil
+}
+
+// startCluster starts the run's own 3-server cluster with logs in dir.
+func startCluster(ctx context.Context, dir string) (*consultest.Cluster, error) {
+	var logs []*os.File
+	c, err := consultest.StartCluster(ctx, consultest.ClusterConfig{LogWriter: func(i int) io.Writer {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("consul-%d.log", i)))
+		if err != nil {
+			return nil
+		}
+		logs = append(logs, f)
+		return f
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("consul cluster: %w", err)
+	}
+	return c, nil
+}
+
+// StartCluster starts a cluster for several runs to share.
+func StartCluster(ctx context.Context, dir string) (*consultest.Cluster, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return startCluster(ctx, dir)
+}
+
+func (r *run) logf(format string, args ...any) {
+	fmt.Fprintf(r.cfg.Progress, "[chaos %7.1fs] %s\n", r.hist.Now().Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (r *run) exit(msg string) {
+	r.mu.Lock()
+	r.exits = append(r.exits, msg)
+	r.mu.Unlock()
+}
+
+func (r *run) note(msg string) {
+	r.mu.Lock()
+	r.notes = append(r.notes, msg)
+	r.mu.Unlock()
+}
+
+func (r *run) startBrokers(ctx context.Context) error {
+	for i := range r.p.Brokers {
+		link, err := r.net.Link(fmt.Sprintf("b%d-consul", i), r.cluster.HTTPAddr(i%r.cluster.Size()))
+		if err != nil {
+			return err
+		}
+		b, err := NewBroker(i, r.cfg.BrokerBin, link.Addr(), r.cfg.OutDir, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		if err := b.Start(ctx); err != nil {
+			return err
+		}
+		r.brokers = append(r.brokers, b)
+		r.links = append(r.links, link)
+	}
+	return nil
+}
+
+func (r *run) startClients() error {
+	id := 0
+	add := func(kind ClientKind, key string, limit int) error {
+		id++
+		var links []*Link
+		for j, b := range r.brokers {
+			l, err := r.net.Link(fmt.Sprintf("c%d-b%d", id, j), b.Addr)
+			if err != nil {
+				return err
+			}
+			links = append(links, l)
+		}
+		c, err := NewClient(id, kind, key, limit, links, r.env, r.cfg.Seed)
+		if err != nil {
+			return err
+		}
+		r.hist.SetLimit(key, limit)
+		r.clients = append(r.clients, c)
+		return nil
+	}
+	lockKey := func(i int) string { return fmt.Sprintf("%s/lock/%d", r.prefix, i%r.p.LockKeys) }
+	for i := range r.p.Lib {
+		if err := add(KindLib, lockKey(i), 1); err != nil {
+			return err
+		}
+	}
+	for i := range r.p.Raw {
+		if err := add(KindRaw, lockKey(i), 1); err != nil {
+			return err
+		}
+	}
+	for i := range r.p.Sem {
+		if err := add(KindSem, fmt.Sprintf("%s/sem/%d", r.prefix, i%max(r.p.SemKeys, 1)), r.p.SemLimit); err != nil {
+			return err
+		}
+	}
+	for i := range r.p.Elect {
+		if err := add(KindElect, fmt.Sprintf("%s/elect/%d", r.prefix, i%max(r.p.ElectKeys, 1)), 1); err != nil {
+			return err
+		}
+	}
+	for i := range r.p.Observers {
+		if err := add(KindObserver, fmt.Sprintf("%s/elect/%d", r.prefix, i%max(r.p.ElectKeys, 1)), 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// progress prints a line every 10s: faults, holds, losses, refusals and
+// the violations the cheap checkers see so far.
+func (r *run) progress(ctx context.Context) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s := r.hist.Snapshot()
+		lost := 0
+		for _, h := range s.Holds {
+			if h.Lost() {
+				lost++
+			}
+		}
+		_, nf := r.faults.snapshot()
+		fe, ov := CheckFencing(s), CheckOverlap(s)
+		r.logf("faults %d, holds %d, losses %d, fencing refusals %d; violations so far: fencing %d, overlap %d",
+			nf, len(s.Holds), lost, r.res.Refused(), fe.Count, ov.Count)
+	}
+}
+
+// waitGroup waits for wg at most d.
+func waitGroup(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// admin returns a Consul client of a running server (the operator's view,
+// not proxied).
+func (r *run) admin() (*api.Client, error) {
+	for i := range r.cluster.Size() {
+		if r.cluster.Running(i) {
+			return r.cluster.Client(i)
+		}
+	}
+	return nil, errors.New("no Consul server is running")
+}
+
+// sessions lists every session in Consul.
+func (r *run) sessions(ctx context.Context) (map[string]bool, error) {
+	c, err := r.admin()
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	list, _, err := c.Session().List((&api.QueryOptions{RequireConsistent: true}).WithContext(cctx))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, s := range list {
+		out[s.ID] = true
+	}
+	return out, nil
+}
+
+// leftovers waits (up to 2×TTL + 5s: an orphaned session's longest life)
+// for the run's sessions and keys to be gone, then reports what is left,
+// the unclean exits and what the logs show.
+func (r *run) leftovers(ctx context.Context, before map[string]bool) Leftovers {
+	var l Leftovers
+	deadline := time.Now().Add(2*r.p.TTL + 5*time.Second)
+	for {
+		l.Sessions, l.Keys = nil, nil
+		all, err := r.sessions(ctx)
+		if err != nil {
+			l.Sessions = []string{"(cannot list sessions: " + err.Error() + ")"}
+		}
+		for id := range all {
+			if !before[id] {
+				l.Sessions = append(l.Sessions, id)
+			}
+		}
+		if c, err := r.admin(); err == nil {
+			pairs, _, err := c.KV().List(r.prefix+"/", &api.QueryOptions{RequireConsistent: true})
+			if err != nil {
+				l.Keys = append(l.Keys, "(cannot list keys: "+err.Error()+")")
+			}
+			for _, p := range pairs {
+				held := "free"
+				if p.Session != "" {
+					held = "held by session " + p.Session
+				}
+				l.Keys = append(l.Keys, fmt.Sprintf("%s (%s, flags %#x, %d bytes)", p.Key, held, p.Flags, len(p.Value)))
+			}
+		}
+		if len(l.Sessions)+len(l.Keys) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		sleep(ctx, time.Second)
+	}
+	sort.Strings(l.Sessions)
+	sort.Strings(l.Keys)
+	if n := len(l.Keys); n > 0 {
+		r.logf("%d keys left under %s/ (first: %s)", n, r.prefix, l.Keys[0])
+	}
+	r.mu.Lock()
+	l.BrokerExits = append(l.BrokerExits, r.exits...)
+	r.mu.Unlock()
+	for _, b := range r.brokers {
+		l.LogFindings = append(l.LogFindings, scanLog(b.LogPath())...)
+	}
+	return l
+}
+
+// restore heals everything after a chaos segment: links, frozen clients,
+// paused or stopped brokers, stopped Consul servers; then waits for a
+// Consul leader.
+func (r *run) restore(ctx context.Context) {
+	r.net.HealAll()
+	for _, c := range r.clients {
+		select {
+		case <-c.gate.freezing():
+			c.gate.Thaw()
+		default:
+		}
+	}
+	for i := range r.cluster.Size() {
+		if !r.cluster.Running(i) {
+			if err := r.cluster.Restart(ctx, i); err != nil {
+				r.note("restore: consul server " + fmt.Sprint(i) + ": " + err.Error())
+			}
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	if _, err := r.cluster.WaitLeader(wctx); err != nil {
+		r.note("restore: " + err.Error())
+	}
+	cancel()
+	for _, b := range r.brokers {
+		if b.Paused() {
+			_ = b.Continue()
+		}
+		if !b.Running() {
+			if err := b.Start(ctx); err != nil {
+				r.note("restore: " + err.Error())
+			}
+		}
+	}
+}
+
+// inject carries out one planned fault and heals it.
+func (r *run) inject(ctx context.Context, p Planned) {
+	pick := func(n int) int { return int(p.Pick % uint64(n)) }
+	hold := func() { sleep(ctx, p.Dur) }
+	switch p.Kind {
+	case FBrokerKill, FBrokerPause, FBrokerPauseLong, FBrokerTerm:
+		b := r.brokers[pick(len(r.brokers))]
+		if !b.Running() {
+			r.note(p.Kind + ": " + b.Name() + " not running")
+			return
+		}
+		f := r.start(Fault{Kind: p.Kind, Target: b.Name(), Note: p.Dur.String()})
+		switch p.Kind {
+		case FBrokerKill:
+			b.Kill()
+			hold()
+		case FBrokerTerm:
+			if err := b.Term(); err != nil {
+				r.exit(err.Error())
+			}
+			hold()
+		default:
+			_ = b.Pause()
+			hold()
+			_ = b.Continue()
+		}
+		if !b.Running() {
+			if err := b.Start(ctx); err != nil {
+				r.note(p.Kind + ": restart: " + err.Error())
+			}
+		}
+		r.end(f)
+	case FConsulLeaderKill, FConsulFollowerKill:
+		leader, err := r.cluster.Leader(ctx)
+		if err != nil {
+			r.note(p.Kind + ": " + err.Error())
+			return
+		}
+		i := leader
+		if p.Kind == FConsulFollowerKill {
+			i = (leader + 1 + pick(r.cluster.Size()-1)) % r.cluster.Size()
+		}
+		f := r.start(Fault{Kind: p.Kind, Target: fmt.Sprintf("consul-%d", i)})
+		_ = r.cluster.Kill(i)
+		hold()
+		if err := r.cluster.Restart(ctx, i); err != nil {
+			r.note(p.Kind + ": restart: " + err.Error())
+		}
+		r.end(f)
+	case FConsulRestartAll:
+		f := r.start(Fault{Kind: p.Kind, Target: "consul-*"})
+		for i := range r.cluster.Size() {
+			_ = r.cluster.Stop(i)
+		}
+		hold()
+		for i := range r.cluster.Size() {
+			if err := r.cluster.Restart(ctx, i); err != nil {
+				r.note(p.Kind + ": restart: " + err.Error())
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		if _, err := r.cluster.WaitLeader(wctx); err != nil {
+			r.note(p.Kind + ": " + err.Error())
+		}
+		cancel()
+		r.end(f)
+	case FConsulBlackhole, FConsulBlackholeLong, FConsulLatency, FConsulReset:
+		i := pick(len(r.brokers))
+		l := r.links[i]
+		f := r.start(Fault{Kind: p.Kind, Target: r.brokers[i].Name() + "↔consul"})
+		var err error
+		switch p.Kind {
+		case FConsulLatency:
+			err = l.Latency(200, 100)
+		case FConsulReset:
+			err = l.Reset()
+		default:
+			err = l.Blackhole()
+		}
+		if err != nil {
+			r.note(p.Kind + ": " + err.Error())
+		}
+		hold()
+		l.Heal()
+		r.end(f)
+	case FClientPartition, FClientReset, FClientLatency:
+		n := 1 + pick(3)
+		var targets []string
+		var links []*Link
+		all := p.Pick%2 == 0 && p.Kind == FClientPartition
+		broker := pick(len(r.brokers))
+		for k := range n {
+			c := r.clients[int((p.Pick>>8+uint64(k)*7919)%uint64(len(r.clients)))]
+			targets = append(targets, c.Name())
+			for j, l := range c.Links {
+				if all || j == broker || p.Kind == FClientLatency {
+					links = append(links, l)
+				}
+			}
+		}
+		where := r.brokers[broker].Name()
+		if all || p.Kind == FClientLatency {
+			where = "every broker"
+		}
+		f := r.start(Fault{Kind: p.Kind, Target: strings.Join(targets, ",") + "↔" + where})
+		for _, l := range links {
+			var err error
+			switch p.Kind {
+			case FClientPartition:
+				err = l.Blackhole()
+			case FClientReset:
+				err = l.Reset()
+			default:
+				err = l.Latency(200, 100)
+			}
+			if err != nil {
+				r.note(p.Kind + ": " + err.Error())
+			}
+		}
+		hold()
+		for _, l := range links {
+			l.Heal()
+		}
+		r.end(f)
+	case FClientFreeze:
+		var cands []*Client
+		for _, c := range r.clients {
+			if c.Kind == KindLib || c.Kind == KindRaw || c.Kind == KindElect {
+				cands = append(cands, c)
+			}
+		}
+		c := cands[pick(len(cands))]
+		f := r.start(Fault{Kind: p.Kind, Target: c.Name(), Note: p.Dur.String()})
+		fr := Freeze{Client: c.ID, Start: f.Start}
+		c.gate.Freeze()
+		for _, l := range c.Links {
+			_ = l.Blackhole()
+		}
+		hold()
+		for _, l := range c.Links {
+			l.Heal()
+		}
+		c.gate.Thaw()
+		r.end(f)
+		fr.End = r.hist.Now()
+		r.hist.AddFreeze(fr)
+	case FSessionDestroy:
+		var cands []Hold
+		for _, h := range r.hist.Current() {
+			if h.Limit == 1 && !h.Paused {
+				cands = append(cands, h)
+			}
+		}
+		if len(cands) == 0 {
+			r.note(p.Kind + ": nobody holds a lock")
+			return
+		}
+		h := cands[pick(len(cands))]
+		c, err := r.admin()
+		if err != nil {
+			r.note(p.Kind + ": " + err.Error())
+			return
+		}
+		f := r.start(Fault{Kind: p.Kind, Target: fmt.Sprintf("client-%d %s", h.Client, h.Key), Session: h.Session, Key: h.Key})
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = c.Session().Destroy(h.Session, (&api.WriteOptions{}).WithContext(dctx))
+		cancel()
+		if err != nil {
+			r.note(p.Kind + ": " + err.Error())
+		}
+		r.end(f)
+	}
+}
+
+// start records and announces a fault.
+func (r *run) start(f Fault) *Fault {
+	r.faults.add(f.Kind)
+	p := r.hist.StartFault(f)
+	r.logf("fault %s → %s %s", f.Kind, f.Target, f.Note)
+	return p
+}
+
+func (r *run) end(f *Fault) { r.hist.EndFault(f) }
