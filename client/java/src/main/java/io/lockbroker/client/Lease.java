@@ -347,7 +347,7 @@ public final class Lease implements AutoCloseable {
         break;
       case LOST:
         if (r.getLost().getReason() == LostReason.LOST_REASON_BROKER_SHUTDOWN && state == State.HELD) {
-          startResume(false);
+          startResume();
         } else if (state == State.RELEASING) {
           finishReleased();
         } else {
@@ -410,7 +410,7 @@ public final class Lease implements AutoCloseable {
         finishReleased();
         break;
       case HELD:
-        startResume(false);
+        startResume();
         break;
       case RESUMING:
         resumeFailed(error);
@@ -464,24 +464,23 @@ public final class Lease implements AutoCloseable {
 
   private void resumeIfStalled() {
     if (state == State.HELD && current != null) {
-      startResume(true);
+      startResume();
     }
   }
 
   /**
-   * Moves the hold to the next replica. A quiet stream (stalled) stays open
-   * until the resume succeeds: its broker may only be slow, and closing its
-   * stream would make it release the hold.
+   * Moves the hold to the next replica. The old stream stays open until the
+   * resume succeeds: its broker may only be slow, or draining (it releases
+   * the hold of a stream closed before the hold moved), and once the hold
+   * has moved that broker can no longer touch it.
    */
-  private void startResume(boolean stalled) {
+  private void startResume() {
     state = State.RESUMING;
-    AcquireCall old = current;
-    current = null;
-    if (stalled) {
-      stale = old;
-    } else if (old != null) {
-      old.cancel("resuming on another replica");
+    if (stale != null) {
+      stale.cancel("superseded");
     }
+    stale = current;
+    current = null;
     resumeTries = 0;
     nextResume();
   }

@@ -1,0 +1,294 @@
+package io.lockbroker.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assertions.fail;
+
+import io.grpc.ManagedChannel;
+import io.grpc.ManagedChannelBuilder;
+import io.lockbroker.testing.Broker;
+import io.lockbroker.testing.Cluster;
+import io.lockbroker.v1.LockKind;
+import io.lockbroker.v1.LockServiceGrpc;
+import io.lockbroker.v1.LockState;
+import io.lockbroker.v1.ReleaseRequest;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Optional;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.function.BooleanSupplier;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/** The library's API beyond the conformance scenarios, against real processes. */
+@Timeout(value = 90, unit = TimeUnit.SECONDS)
+class LockClientTest {
+  private static final Duration TTL = Duration.ofSeconds(10);
+
+  private static LockClient shared() {
+    return LockClient.builder().target(Cluster.get().broker().addr()).build();
+  }
+
+  private static void waitFor(BooleanSupplier cond, Duration timeout, String what) throws InterruptedException {
+    long end = System.nanoTime() + timeout.toNanos();
+    while (!cond.getAsBoolean()) {
+      if (System.nanoTime() > end) {
+        fail(what + ": not within " + timeout);
+      }
+      Thread.sleep(20);
+    }
+  }
+
+  @Test
+  void badKeyIsInvalidArgumentNamingTheField() {
+    try (LockClient c = shared()) {
+      InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> c.lock("/leading-slash"));
+      assertEquals("INVALID_ARGUMENT", e.reason(), e.toString());
+      assertTrue(e.fieldViolations().containsKey("key"), e.fieldViolations().toString());
+      assertThrows(InvalidArgumentException.class,
+          () -> c.lock(Cluster.key("ttl"), LockOptions.defaults().ttl(Duration.ofSeconds(1))));
+    }
+  }
+
+  @Test
+  void waiterGetsTheLockWhenTheHolderReleases() throws Exception {
+    String key = Cluster.key("wait");
+    try (LockClient c = shared(); LockClient other = shared()) {
+      Lease first = c.lock(key);
+      CompletableFuture<Lease> second = CompletableFuture.supplyAsync(() -> {
+        try {
+          return other.lock(key, LockOptions.defaults().value("second"));
+        } catch (InterruptedException e) {
+          throw new IllegalStateException(e);
+        }
+      });
+      Thread.sleep(300);
+      assertFalse(second.isDone(), "the waiter got a held lock");
+      first.close();
+      try (Lease l = second.get(10, TimeUnit.SECONDS)) {
+        assertTrue(Long.compareUnsigned(l.token(), first.token()) > 0);
+        assertEquals("second", other.leader(key).orElseThrow().getValue().toString(StandardCharsets.UTF_8));
+      }
+    }
+  }
+
+  @Test
+  void interruptWithdrawsTheWait() throws Exception {
+    String key = Cluster.key("interrupt");
+    try (LockClient c = shared(); LockClient other = shared()) {
+      Lease holder = c.lock(key);
+      CompletableFuture<Throwable> outcome = new CompletableFuture<>();
+      Thread waiter = new Thread(() -> {
+        try {
+          other.lock(key).close();
+          outcome.complete(null);
+        } catch (Throwable t) {
+          outcome.complete(t);
+        }
+      });
+      waiter.start();
+      Thread.sleep(300);
+      waiter.interrupt();
+      assertTrue(outcome.get(5, TimeUnit.SECONDS) instanceof InterruptedException);
+      holder.close();
+      Thread.sleep(500); // a waiter that was not withdrawn would take the key now
+      assertEquals(0, c.getLock(key).getHoldersCount(), "the interrupted waiter took the lock");
+    }
+  }
+
+  @Test
+  void semaphoreAdmitsUpToTheLimit() throws Exception {
+    String prefix = Cluster.key("sem");
+    try (LockClient c = shared()) {
+      Lease a = c.semaphore(prefix, 2, LockOptions.defaults());
+      Lease b = c.semaphore(prefix, 2, LockOptions.defaults());
+      assertTrue(c.trySemaphore(prefix, 2, LockOptions.defaults()).isEmpty());
+      LockState st = c.getLock(prefix);
+      assertEquals(LockKind.LOCK_KIND_SEMAPHORE, st.getKind());
+      assertEquals(2, st.getLimit());
+      assertEquals(2, st.getHoldersCount());
+      LockBrokerException conflict = assertThrows(LockBrokerException.class,
+          () -> c.trySemaphore(prefix, 3, LockOptions.defaults()));
+      assertEquals("LIMIT_CONFLICT", conflict.reason(), conflict.toString());
+      a.close();
+      Optional<Lease> third = c.trySemaphore(prefix, 2, LockOptions.defaults());
+      assertTrue(third.isPresent());
+      third.get().close();
+      b.close();
+    }
+  }
+
+  @Test
+  void oneSlotSemaphoreIsASemaphore() throws Exception {
+    String prefix = Cluster.key("sem1");
+    try (LockClient c = shared(); Lease l = c.semaphore(prefix, 1, LockOptions.defaults())) {
+      assertEquals(LockKind.LOCK_KIND_SEMAPHORE, l.sequencer().getKind());
+      LockState st = c.getLock(prefix);
+      assertEquals(LockKind.LOCK_KIND_SEMAPHORE, st.getKind(), st.toString());
+      assertEquals(1, st.getLimit());
+      assertTrue(c.trySemaphore(prefix, 1, LockOptions.defaults()).isEmpty());
+    }
+  }
+
+  @Test
+  void setValueKeepsTheToken() throws Exception {
+    String key = Cluster.key("value");
+    try (LockClient c = shared(); Lease l = c.lock(key, LockOptions.defaults().value("a"))) {
+      l.setValue("b".getBytes(StandardCharsets.UTF_8));
+      LockState st = c.getLock(key);
+      assertEquals("b", st.getHolders(0).getValue().toString(StandardCharsets.UTF_8));
+      assertEquals(l.token(), st.getHolders(0).getToken());
+      assertTrue(c.checkSequencer(l.sequencer()));
+    }
+  }
+
+  @Test
+  void leaderAndCheckSequencerFollowTheHold() throws Exception {
+    String key = Cluster.key("leader");
+    try (LockClient c = shared()) {
+      assertTrue(c.leader(key).isEmpty());
+      Lease l = c.lock(key, LockOptions.defaults().value("10.0.0.7:9000"));
+      assertEquals("10.0.0.7:9000", c.leader(key).orElseThrow().getValue().toString(StandardCharsets.UTF_8));
+      assertTrue(c.checkSequencer(l.sequencer()));
+      l.close();
+      assertFalse(c.checkSequencer(l.sequencer()));
+      assertTrue(c.leader(key).isEmpty());
+    }
+  }
+
+  @Test
+  void clientCloseReleasesItsLeases() throws Exception {
+    String key = Cluster.key("close");
+    try (LockClient observer = shared()) {
+      LockClient c = shared();
+      Lease l = c.lock(key);
+      assertEquals(1, observer.getLock(key).getHoldersCount());
+      c.close();
+      assertTrue(l.isReleased());
+      assertEquals(0, observer.getLock(key).getHoldersCount());
+    }
+  }
+
+  @Test
+  void releaseFromElsewhereIsALoss() throws Exception {
+    String key = Cluster.key("released");
+    ManagedChannel ch = ManagedChannelBuilder.forTarget(Cluster.get().broker().addr()).usePlaintext().build();
+    try (LockClient c = shared()) {
+      Lease l = c.lock(key);
+      LockServiceGrpc.newBlockingStub(ch).withDeadlineAfter(5, TimeUnit.SECONDS).release(
+          ReleaseRequest.newBuilder().setKey(key).setSessionId(l.sessionId()).setToken(l.token()).build());
+      assertTrue(l.awaitLost(Duration.ofSeconds(5)), "no loss after a Release from elsewhere");
+      assertEquals(LockLostException.RELEASED, l.lostCause().orElseThrow().reason());
+    } finally {
+      ch.shutdownNow();
+    }
+  }
+
+  @Test
+  void stalledBrokerIsLeftForAnotherReplica() throws Exception {
+    String key = Cluster.key("stall");
+    try (Broker a = Cluster.get().newBroker("stall-a"); Broker b = Cluster.get().newBroker("stall-b");
+        LockClient c = LockClient.builder().targets(a.addr(), b.addr()).build()) {
+      Lease l = c.lock(key, LockOptions.defaults().ttl(TTL));
+      assertEquals(a.addr(), l.target());
+      long token = l.token();
+      a.stop();
+      try {
+        long stopped = System.nanoTime();
+        waitFor(() -> l.resumeCount() > 0 || l.isLost(), TTL, "resume on B");
+        Cluster.figure("stalled broker left for another replica after", (System.nanoTime() - stopped) / 1e9);
+        assertFalse(l.isLost(), String.valueOf(l.lostCause()));
+        assertEquals(b.addr(), l.target());
+        assertEquals(token, l.token());
+      } finally {
+        a.cont(); // its old stream now ends with RESUMED_ELSEWHERE, without touching the hold
+      }
+      long known = l.deadlineNanos();
+      waitFor(() -> l.deadlineNanos() != known, TTL, "a keepalive from B");
+      assertFalse(l.isLost(), String.valueOf(l.lostCause()));
+      assertTrue(c.checkSequencer(l.sequencer()));
+      l.release();
+    }
+  }
+
+  @Test
+  void brokerShutdownMovesTheHold() throws Exception {
+    String key = Cluster.key("shutdown");
+    try (Broker a = Cluster.get().newBroker("drain-a"); Broker b = Cluster.get().newBroker("drain-b");
+        LockClient c = LockClient.builder().targets(a.addr(), b.addr()).build()) {
+      Lease l = c.lock(key, LockOptions.defaults().ttl(TTL));
+      assertEquals(a.addr(), l.target());
+      a.proc().signal("TERM");
+      waitFor(() -> l.resumeCount() > 0 || l.isLost(), TTL, "resume on B");
+      assertFalse(l.isLost(), String.valueOf(l.lostCause()));
+      assertEquals(b.addr(), l.target());
+      assertTrue(a.proc().awaitExit(20), "broker A did not exit after SIGTERM");
+      assertTrue(c.checkSequencer(l.sequencer()), "the hold did not survive the drain of A");
+      l.release();
+    }
+  }
+
+  @Test
+  void watchMovesToAnotherReplica() throws Exception {
+    String key = Cluster.key("watch");
+    try (Broker a = Cluster.get().newBroker("watch-a");
+        LockClient c = LockClient.builder().targets(a.addr(), Cluster.get().broker().addr()).build();
+        LockClient holder = shared();
+        LockWatch w = c.watch(key)) {
+      LockState first = w.poll(Duration.ofSeconds(5));
+      assertNotNull(first);
+      assertEquals(0, first.getHoldersCount());
+      a.kill();
+      try (Lease l = holder.lock(key)) {
+        long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+        List<LockState> seen = new ArrayList<>();
+        while (true) {
+          LockState s = w.poll(Duration.ofNanos(Math.max(1, end - System.nanoTime())));
+          if (s == null) {
+            fail("no state with the holder after the watch's broker died; saw " + seen);
+          }
+          if (s.getHoldersCount() > 0) {
+            assertEquals(l.sessionId(), s.getHolders(0).getSessionId());
+            break;
+          }
+          seen.add(s);
+        }
+      }
+    }
+  }
+
+  @Test
+  void closedWatchEndsTheReader() throws Exception {
+    try (LockClient c = shared()) {
+      LockWatch w = c.watch(Cluster.key("closed-watch"));
+      assertNotNull(w.next());
+      w.close();
+      LockBrokerException e = assertThrows(LockBrokerException.class, w::next);
+      assertEquals(io.grpc.Status.Code.CANCELLED, e.code());
+    }
+  }
+
+  @Test
+  void unreachableTargetIsUnavailable() {
+    String dead = "127.0.0.1:" + io.lockbroker.testing.Ports.free();
+    try (LockClient c = LockClient.builder().target(dead).callTimeout(Duration.ofSeconds(2)).build()) {
+      assertThrows(UnavailableException.class, () -> c.lock(Cluster.key("dead")));
+      assertThrows(UnavailableException.class, () -> c.getLock(Cluster.key("dead")));
+    }
+  }
+
+  @Test
+  void firstTargetDownLocksThroughTheNext() throws Exception {
+    String dead = "127.0.0.1:" + io.lockbroker.testing.Ports.free();
+    try (LockClient c = LockClient.builder().targets(dead, Cluster.get().broker().addr()).build();
+        Lease l = c.lock(Cluster.key("failover"))) {
+      assertEquals(Cluster.get().broker().addr(), l.target());
+    }
+  }
+}
