@@ -82,12 +82,7 @@ func (v *validation) check(req any) error {
 			Reason:      vi.Proto.GetRuleId(),
 		})
 	}
-	st := invalidStatus(ve.Error(), fvs...)
-	// Also the protovalidate form, for clients that already read it.
-	if withPV, err := st.WithDetails(ve.ToProto()); err == nil {
-		st = withPV
-	}
-	return st.Err()
+	return invalidStatus(ve.Error(), fvs...).Err()
 }
 
 // invalidStatus is INVALID_ARGUMENT with msg, an ErrorInfo naming the

@@ -54,7 +54,9 @@ func TestGrpcurl(t *testing.T) {
 			"rpc GetLock ( .lockbroker.v1.GetLockRequest ) returns ( .lockbroker.v1.GetLockResponse );",
 		}},
 		{"Health", cmdHealth, []string{`"status": "SERVING"`}},
-		{"BadKey", cmdBadKey, []string{"Code: InvalidArgument", "key"}},
+		{"BadKey", cmdBadKey, []string{"Code: InvalidArgument", "Message: validation error: key: must not contain an empty segment",
+			`"@type": "type.googleapis.com/google.rpc.ErrorInfo"`, `"reason": "INVALID_ARGUMENT"`,
+			`"@type": "type.googleapis.com/google.rpc.BadRequest"`, `"field": "key"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
+from conftest import error_details
 from lockbroker.v1 import lock_pb2, types_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -120,6 +121,14 @@ def test_try_once_on_busy_lock_is_aborted(stub, holds, key):
     assert err is not None, f"stream ended without an error after {msgs}"
     assert err.code() == grpc.StatusCode.ABORTED, err
     assert seq.session_id in err.details(), err.details()
+    # The google.rpc details: the stable reason and who holds the key.
+    d = error_details(err)
+    assert d["ErrorInfo"].reason == "LOCK_HELD", d
+    assert d["ErrorInfo"].domain == "lockbroker.v1", d
+    assert d["ErrorInfo"].metadata["key"] == key, d
+    assert holders(d["LockState"]) == [seq.session_id], d
+    assert d["LockState"].holders[0].token == seq.token, d
+    assert d["LockState"].holders[0].value == b"a", d
 
     # The holder is untouched.
     state = stub.GetLock(lock_pb2.GetLockRequest(key=key), timeout=5).state
@@ -179,6 +188,9 @@ def test_bad_key_is_invalid_argument(stub, holds):
     assert err is not None, f"stream ended without an error after {msgs}"
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
     assert "key" in err.details(), err.details()
+    d = error_details(err)
+    assert d["ErrorInfo"].reason == "INVALID_ARGUMENT", d
+    assert [v.field for v in d["BadRequest"].field_violations] == ["key"], d
 
     with pytest.raises(grpc.RpcError) as info:
         stub.GetLock(lock_pb2.GetLockRequest(key="a//b"), timeout=5)
