@@ -198,7 +198,7 @@ export class Broker extends Proc {
       this.addr = `127.0.0.1:${grpcPort}`;
       const env = { ...process.env, CONSUL_HTTP_ADDR: this.consul.addr };
       delete env.CONSUL_HTTP_TOKEN;
-      this.spawn(bin, ["--listen", this.addr, "--http-listen", `127.0.0.1:${httpPort}`, "--shutdown-timeout", "3s"], env);
+      this.spawn(bin, ["--listen", this.addr, "--http-listen", `127.0.0.1:${httpPort}`, "--drain-timeout", "3s"], env);
       last = await this.waitReady();
       if (last === undefined) return this;
       await this.stop();

@@ -197,7 +197,7 @@ class Broker(_Process):
             env = dict(os.environ, CONSUL_HTTP_ADDR=self.consul.addr)
             env.pop("CONSUL_HTTP_TOKEN", None)
             self._spawn([binary, "--listen", self.addr, "--http-listen", f"127.0.0.1:{http_port}",
-                         "--shutdown-timeout", "3s"], env=env)
+                         "--drain-timeout", "3s"], env=env)
             last = self._wait_ready()
             if last is None:
                 return self

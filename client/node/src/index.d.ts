@@ -1,0 +1,273 @@
+// Types of @lockbroker/client.
+//
+// Durations in options (ttl, wait, lockDelay, retryFor) are in seconds, as
+// in every lockbroker library; timeoutMs options are milliseconds, as in
+// Node. Fencing tokens and indexes are bigint (uint64 on the wire).
+
+/** The kind of a key: nothing there, a lock, a semaphore, someone else's data. */
+export type LockKind = "none" | "lock" | "semaphore" | "foreign" | "unspecified";
+
+/** One grant of a lock or semaphore slot (Chubby's sequencer). Pass `token` to the resources you protect. */
+export interface Sequencer {
+  readonly key: string;
+  readonly sessionId: string;
+  readonly lockIndex: bigint;
+  /** Fencing token: strictly increases with every new grant of the key. */
+  readonly token: bigint;
+  readonly kind: LockKind;
+}
+
+/** A current holder of a key. */
+export interface Holder {
+  readonly sessionId: string;
+  readonly value: Uint8Array;
+  readonly token: bigint;
+  readonly lockIndex: bigint;
+  readonly sessionName: string;
+}
+
+/** The state of a key. `holders` empty (and `holder` null) means nobody holds it: an explicit state. */
+export interface State {
+  readonly key: string;
+  readonly kind: LockKind;
+  readonly limit: number;
+  readonly holders: readonly Holder[];
+  readonly index: bigint;
+  /** The oldest holder, or null. */
+  readonly holder: Holder | null;
+  readonly held: boolean;
+}
+
+/** Yielded once by a prefix watch after the state of every key under the prefix. */
+export declare const SNAPSHOT_COMPLETE: unique symbol;
+
+/** How long before the guaranteed deadline a silent lease is reported lost (ms). */
+export declare const CLIENT_MARGIN_MS: number;
+
+export interface TLSOptions {
+  /** PEM of the CA that signed the broker's certificate (default: system roots). */
+  ca?: string | Buffer;
+  /** The client's PEM certificate chain, for mTLS. */
+  cert?: string | Buffer;
+  /** The client's PEM private key, for mTLS. */
+  key?: string | Buffer;
+  /** The name to check in the broker's certificate when it differs from the target's host. */
+  serverName?: string;
+}
+
+export interface ClientOptions {
+  /** More replicas of the same deployment; holds resume on them when theirs goes away. */
+  targets?: string[];
+  /** false/undefined: plaintext; true: TLS with the system roots; or TLS options. */
+  tls?: boolean | TLSOptions;
+  /** Sent as `authorization: Bearer <token>` on every call. */
+  token?: string;
+  /** Bound of every unary call (ms). Default 10000. */
+  timeoutMs?: number;
+}
+
+export interface SessionOptions {
+  /** Session TTL in seconds (10 to 86400; default 15). */
+  ttl?: number;
+  /** Consul's lock-delay in seconds (0 to 60; default 15). */
+  lockDelay?: number;
+  /** What Consul does with held keys when the session is invalidated. Default "release". */
+  behavior?: "release" | "delete";
+  /** Consul health checks the session depends on. */
+  checks?: string[];
+  /** The session's name in Consul (default "lockbroker"). */
+  sessionName?: string;
+}
+
+export interface LockOptions extends SessionOptions {
+  /** Seconds to wait: undefined waits as long as it takes, 0 tries once, more bounds the wait (WaitTimeoutError). */
+  wait?: number;
+  /** The holder's identity (a leader's address, a host name). */
+  value?: string | Uint8Array;
+  /** Aborting it gives up waiting (the promise rejects with the signal's reason). It does not affect a granted lease. */
+  signal?: AbortSignal;
+}
+
+export interface SemaphoreOptions extends LockOptions {
+  /** Admit waiters oldest first. */
+  fair?: boolean;
+}
+
+export interface WatchOptions {
+  /** Aborting it ends the iteration (it throws the signal's reason). */
+  signal?: AbortSignal;
+  /** Watch every key under `key/`; a SNAPSHOT_COMPLETE marker follows the initial states. */
+  prefix?: boolean;
+  /** Seconds without any replica answering before UnavailableError. Default 15. */
+  retryFor?: number;
+}
+
+export interface SessionInfo {
+  readonly id: string;
+  readonly name: string;
+  /** Seconds. */
+  readonly ttl: number;
+  /** Seconds. */
+  readonly lockDelay: number;
+  readonly behavior: "release" | "delete";
+  readonly node: string;
+  readonly checks: readonly string[];
+  readonly createIndex: bigint;
+}
+
+export interface SessionSummary {
+  readonly session: SessionInfo | undefined;
+  readonly brokerOwned: boolean;
+  readonly holds: readonly Sequencer[];
+}
+
+/** A lockbroker client. Close it (or `await using`) to release its leases and close its connections. */
+export declare class Client {
+  constructor(target?: string, options?: ClientOptions);
+  readonly targets: readonly string[];
+  /** Waits until it holds the lock `key`. */
+  lock(key: string, options?: LockOptions): Promise<Lease>;
+  /** lock() with wait 0: the Lease, or null when the key is busy. */
+  tryLock(key: string, options?: Omit<LockOptions, "wait">): Promise<Lease | null>;
+  /** Waits for one of `limit` slots of the semaphore at `prefix`. */
+  semaphore(prefix: string, limit: number, options?: SemaphoreOptions): Promise<Lease>;
+  /** semaphore() with wait 0: the Lease, or null when every slot is taken. */
+  trySemaphore(prefix: string, limit: number, options?: Omit<SemaphoreOptions, "wait">): Promise<Lease | null>;
+  /** The state of `key` now, read consistently. */
+  getLock(key: string, options?: { signal?: AbortSignal }): Promise<State>;
+  /** Whether `sequencer` is still the current grant of its key. */
+  checkSequencer(sequencer: Sequencer): Promise<boolean>;
+  /** The state now, then after every change; reconnects across replicas. */
+  watch(key: string, options?: WatchOptions): AsyncGenerator<State | typeof SNAPSHOT_COMPLETE, void, undefined>;
+  /** Leader election on `key`. */
+  leader(key: string): Election;
+  /** Creates a client-owned session (renew it within its TTL, destroy it when done). */
+  createSession(options?: Omit<SessionOptions, "sessionName"> & { name?: string }): Promise<SessionInfo>;
+  /** Renews a session; resolves to how long it is guaranteed from now (seconds). */
+  renewSession(sessionId: string): Promise<number>;
+  destroySession(sessionId: string): Promise<void>;
+  getSession(sessionId: string): Promise<SessionInfo>;
+  listSessions(): Promise<SessionSummary[]>;
+  /** Takes `key` now for a client-owned session: the Sequencer, or null when busy. */
+  tryAcquire(key: string, sessionId: string, options?: { value?: string | Uint8Array; limit?: number; semaphore?: boolean }): Promise<Sequencer | null>;
+  /** Releases `key` held by `sessionId`; with a token, only while that grant is current. */
+  release(key: string, sessionId: string, token?: bigint | number): Promise<boolean>;
+  close(): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/**
+ * A held lock or semaphore slot. The lease watches the deadline the broker
+ * guarantees, moves the hold to another replica when its replica goes away,
+ * and reports a loss before the deadline when it cannot. A lease can be
+ * lost at any moment: pass `token` to what you protect.
+ */
+export declare class Lease {
+  readonly key: string;
+  readonly value: Uint8Array;
+  readonly sequencer: Sequencer;
+  /** The fencing token of this grant. */
+  readonly token: bigint;
+  readonly sessionId: string;
+  /** Until when the hold is guaranteed, as of the broker's last word (epoch ms, comparable with Date.now()). */
+  readonly deadline: number;
+  /** Aborted with a LockLostError reason when the lease is lost (not on release()). */
+  readonly signal: AbortSignal;
+  readonly lost: boolean;
+  readonly error: LockLostError | undefined;
+  readonly released: boolean;
+  /** The replica that holds the lease now. */
+  readonly target: string;
+  /** How many times the hold moved to another replica. */
+  readonly resumes: number;
+  /** Milliseconds the hold is still guaranteed for (negative once past). */
+  remainingMs(): number;
+  /** Throws LockLostError unless the hold is still guaranteed now. */
+  check(): void;
+  /** Calls cb once when the lease is lost (at once if it is). Not called after release(). */
+  onLost(cb: (err: LockLostError) => unknown): void;
+  /** Resolves to the LockLostError once lost, or undefined after timeoutMs. */
+  waitLost(timeoutMs?: number): Promise<LockLostError | undefined>;
+  /** Changes the holder's value; the sequencer stays the same. */
+  setValue(value: string | Uint8Array): Promise<void>;
+  /** Gives the hold up; true if this call released it, false if it was already lost or released. */
+  release(options?: { timeoutMs?: number }): Promise<boolean>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/** Leader election on one key (etcd's Election shape). Resign with lease.release(). */
+export declare class Election {
+  constructor(client: Client, key: string);
+  readonly key: string;
+  /** Resolves once this process leads. */
+  campaign(value: string | Uint8Array, options?: Omit<LockOptions, "value">): Promise<Lease>;
+  /** The leader now, or null. */
+  leader(): Promise<Holder | null>;
+  /** The leader (or null) after every change of leadership. */
+  observe(options?: WatchOptions): AsyncGenerator<Holder | null, void, undefined>;
+}
+
+export interface ErrorOptions {
+  code?: number;
+  reason?: string;
+  domain?: string;
+  metadata?: Record<string, string>;
+  state?: State;
+  retryAfter?: number;
+  fieldViolations?: { field: string; description: string }[];
+  quotaViolations?: { subject: string; description: string }[];
+  cause?: unknown;
+}
+
+/** Base of every error the library throws, with the broker's status details. */
+export declare class LockbrokerError extends Error {
+  constructor(message: string, options?: ErrorOptions);
+  /** The connect Code (number); undefined for errors the client raises itself. */
+  readonly code: number | undefined;
+  /** The status code's name ("Aborted", "Unavailable", ...). */
+  readonly codeName: string | undefined;
+  /** ErrorInfo.reason (e.g. "LOCK_HELD"), or for LockLostError the loss reason. */
+  readonly reason: string | undefined;
+  readonly domain: string | undefined;
+  readonly metadata: Record<string, string>;
+  /** The key's state when the broker sent it (busy, timeout, not holder). */
+  state: State | undefined;
+  /** The key's holders when known, else []. */
+  readonly holders: readonly Holder[];
+  /** Seconds after which a retry may work (RetryInfo). */
+  readonly retryAfter: number | undefined;
+  readonly fieldViolations: { field: string; description: string }[];
+  readonly quotaViolations: { subject: string; description: string }[];
+}
+export declare class BusyError extends LockbrokerError {}
+export declare class LockHeldError extends BusyError {}
+export declare class LockDelayError extends BusyError {}
+export declare class WaitTimeoutError extends BusyError {}
+export declare class InvalidArgumentError extends LockbrokerError {}
+export declare class ConflictError extends LockbrokerError {}
+export declare class NotHolderError extends LockbrokerError {}
+export declare class ResumeRefusedError extends LockbrokerError {}
+export declare class SessionNotFoundError extends LockbrokerError {}
+export declare class SessionLostError extends LockbrokerError {}
+export declare class PermissionDeniedError extends LockbrokerError {}
+export declare class UnauthenticatedError extends LockbrokerError {}
+export declare class QuotaExceededError extends LockbrokerError {}
+export declare class UnavailableError extends LockbrokerError {}
+export declare class UnimplementedError extends LockbrokerError {}
+export declare class CancelledError extends LockbrokerError {}
+export declare class InternalError extends LockbrokerError {}
+
+/**
+ * The hold is gone. `reason`: SESSION_INVALIDATED, RELEASED_BY_OTHER,
+ * DELETED_BY_OTHER, RENEWAL_FAILED, LIMIT_CONFLICT, RESUMED_ELSEWHERE (from
+ * the broker), or KEEPALIVE_TIMEOUT, RESUME_REFUSED, RELEASED (decided by
+ * the client).
+ */
+export declare class LockLostError extends LockbrokerError {
+  constructor(reason: string, detail?: string);
+  readonly reason: string;
+  readonly detail: string;
+}
+
+/** The LockbrokerError for any error a call threw (a ConnectError or other). */
+export declare function fromError(err: unknown): LockbrokerError;

@@ -1,0 +1,227 @@
+// The library against real processes (a Consul dev agent and broker
+// replicas, from test/conformance/node/cluster.mjs): what the conformance
+// scenarios do not cover. Calls the broker does not implement yet skip with
+// a message.
+//
+// Run: npm ci --prefix client/node && node --test client/node/test/
+
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { after, before, test } from "node:test";
+
+import {
+  Client,
+  ConflictError,
+  LockLostError,
+  UnimplementedError,
+} from "../src/index.js";
+import { Cluster, sleep } from "../../../test/conformance/node/cluster.mjs";
+
+const cluster = new Cluster();
+let shared;
+const key = (name) => `node-lib/${name}/${randomUUID().slice(0, 8)}`;
+const text = (b) => Buffer.from(b).toString();
+
+before(async () => {
+  await cluster.start();
+  shared = await cluster.broker("shared");
+});
+
+after(async () => {
+  await cluster.stop();
+});
+
+async function waitFor(pred, timeoutMs, what) {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await pred();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`${what}: not within ${timeoutMs}ms`);
+    await sleep(20);
+  }
+}
+
+async function using(fn) {
+  const clients = [];
+  const make = (addr = shared.addr, opts) => {
+    const c = new Client(addr, opts);
+    clients.push(c);
+    return c;
+  };
+  try {
+    await fn(make);
+  } finally {
+    await Promise.all(clients.map((c) => c.close()));
+  }
+}
+
+test("semaphore: limit slots, trySemaphore null when full, a release admits the next", () =>
+  using(async (make) => {
+    const c = make();
+    const p = key("sem");
+    const a = await c.semaphore(p, 2, { value: "a" });
+    const b = await c.semaphore(p, 2, { value: "b" });
+    assert.equal(a.sequencer.kind, "semaphore");
+    assert.equal(await c.trySemaphore(p, 2), null);
+    await assert.rejects(c.semaphore(p, 3, { wait: 0 }), ConflictError);
+    const waiting = c.semaphore(p, 2, { wait: 10 });
+    await sleep(200);
+    await a.release();
+    const third = await waiting;
+    assert.ok(third.token > b.token);
+    assert.equal((await c.getLock(p)).holders.length, 2);
+  }));
+
+test("one-slot semaphore (AcquireRequest.kind)", (t) =>
+  using(async (make) => {
+    const c = make();
+    let lease;
+    try {
+      lease = await c.semaphore(key("sem1"), 1);
+    } catch (e) {
+      if (e instanceof UnimplementedError) return t.skip(`broker lacks AcquireRequest.kind: ${e.message}`);
+      throw e;
+    }
+    assert.equal(lease.sequencer.kind, "semaphore");
+    assert.equal(await c.trySemaphore(lease.key, 1), null);
+  }));
+
+test("lock signal: aborting gives up waiting", () =>
+  using(async (make) => {
+    const c = make();
+    const k = key("abort");
+    const holder = await c.lock(k);
+    const ac = new AbortController();
+    const waiting = c.lock(k, { signal: ac.signal });
+    await sleep(200);
+    ac.abort(new Error("gave up"));
+    await assert.rejects(waiting, /gave up/);
+    await waitFor(async () => (await c.getLock(k)).holders.length === 1, 5000, "one holder");
+    await holder.release();
+  }));
+
+test("a Release from elsewhere ends the lease with RELEASED", () =>
+  using(async (make) => {
+    const c = make();
+    const lease = await c.lock(key("rel"));
+    assert.equal(await make().release(lease.key, lease.sessionId, lease.token), true);
+    const err = await lease.waitLost(5000);
+    assert.ok(err instanceof LockLostError);
+    assert.equal(err.reason, "RELEASED");
+  }));
+
+test("setValue keeps the sequencer; checkSequencer follows the grant", () =>
+  using(async (make) => {
+    const c = make();
+    const lease = await c.lock(key("value"), { value: "v1" });
+    await lease.setValue("v2");
+    const st = await c.getLock(lease.key);
+    assert.equal(text(st.holder.value), "v2");
+    assert.equal(st.holder.sessionId, lease.sessionId);
+    assert.equal(await c.checkSequencer(lease.sequencer), true);
+    await lease.release();
+    assert.equal(await c.checkSequencer(lease.sequencer), false);
+  }));
+
+test("leader election: campaign, leader, observe shows resignation", () =>
+  using(async (make) => {
+    const k = key("leader");
+    const e1 = make().leader(k);
+    const e2 = make().leader(k);
+    const ac = new AbortController();
+    const seen = [];
+    const observing = (async () => {
+      try {
+        for await (const h of e2.observe({ signal: ac.signal })) seen.push(h ? text(h.value) : null);
+      } catch {
+        // aborted
+      }
+    })();
+    const lead = await e1.campaign("node-1");
+    assert.equal(text((await e2.leader()).value), "node-1");
+    await waitFor(() => seen.includes("node-1"), 5000, "observed leader");
+    await lead.release();
+    await waitFor(() => seen.at(-1) === null, 5000, "observed resignation");
+    assert.equal(await e2.leader(), null);
+    ac.abort();
+    await observing;
+    assert.deepEqual(seen, [null, "node-1", null]);
+  }));
+
+test("client-owned session: TryAcquire, ListSessions, Release", (t) =>
+  using(async (make) => {
+    const c = make();
+    const s = await c.createSession({ ttl: 10, lockDelay: 0, name: "node-cron" });
+    try {
+      const k = key("cron");
+      let seq;
+      try {
+        seq = await c.tryAcquire(k, s.id, { value: "cron" });
+      } catch (e) {
+        if (e instanceof UnimplementedError) return t.skip(`broker lacks TryAcquire: ${e.message}`);
+        throw e;
+      }
+      assert.ok(seq.token > 0n);
+      assert.equal(await c.tryAcquire(k, (await c.createSession({ ttl: 10 })).id), null);
+      try {
+        const mine = (await c.listSessions()).find((x) => x.session?.id === s.id);
+        assert.ok(mine, "session not listed");
+        assert.equal(mine.brokerOwned, false);
+        assert.deepEqual(mine.holds.map((h) => h.key), [k]);
+      } catch (e) {
+        if (!(e instanceof UnimplementedError)) throw e;
+        t.diagnostic(`broker lacks ListSessions: ${e.message}`);
+      }
+      assert.equal(await c.release(k, s.id, seq.token), true);
+    } finally {
+      await c.destroySession(s.id);
+    }
+  }));
+
+test("rolling restart: SIGTERM of the holding replica moves the hold (BROKER_SHUTDOWN)", () =>
+  using(async (make) => {
+    const a = await cluster.broker("term-a");
+    const b = await cluster.broker("term-b");
+    try {
+      const c = make(a.addr, { targets: [b.addr] });
+      const lease = await c.lock(key("term"), { ttl: 10 });
+      const token = lease.token;
+      a.signal("SIGTERM");
+      await waitFor(() => lease.target === b.addr, 8000, "resume on B");
+      assert.equal(lease.lost, false, lease.error?.message);
+      assert.equal(lease.token, token);
+      await waitFor(() => a.exit !== null, 10_000, "A exits");
+      const st = await make(b.addr).getLock(lease.key);
+      assert.deepEqual(st.holders.map((h) => [h.sessionId, h.token]), [[lease.sessionId, token]]);
+      assert.equal(await lease.release(), true);
+    } finally {
+      await a.stop();
+      await b.stop();
+    }
+  }));
+
+test("a stalled replica (SIGSTOP) with another configured: the hold moves before the deadline", () =>
+  using(async (make) => {
+    const a = await cluster.broker("stall-a");
+    const b = await cluster.broker("stall-b");
+    try {
+      const c = make(a.addr, { targets: [b.addr] });
+      const lease = await c.lock(key("stall"), { ttl: 10 });
+      const token = lease.token;
+      const known = lease.deadline;
+      a.signal("SIGSTOP");
+      await waitFor(() => lease.target === b.addr || lease.lost, known - Date.now() + 2000, "resume on B");
+      assert.equal(lease.lost, false, lease.error?.message);
+      assert.ok(Date.now() < known, "moved only after the deadline");
+      // The stopped replica wakes up: it no longer owns the session and must not touch the hold.
+      a.signal("SIGCONT");
+      await sleep(1500);
+      assert.equal(lease.lost, false, lease.error?.message);
+      const st = await make(b.addr).getLock(lease.key);
+      assert.deepEqual(st.holders.map((h) => [h.sessionId, h.token]), [[lease.sessionId, token]]);
+      assert.equal(await lease.release(), true);
+    } finally {
+      await a.stop();
+      await b.stop();
+    }
+  }));

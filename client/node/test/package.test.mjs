@@ -1,0 +1,88 @@
+// Offline tests of the package: the generated copy is in sync with gen/es,
+// the declared types compile, and errors carry the broker's status details.
+
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { test } from "node:test";
+
+import { create, toBinary } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
+
+import { LockStateSchema, LockKind } from "../gen/lockbroker/v1/types_pb.js";
+import { ErrorInfoSchema, RetryInfoSchema, BadRequestSchema } from "../src/rpc.js";
+import {
+  ConflictError,
+  InvalidArgumentError,
+  LockHeldError,
+  LockLostError,
+  NotHolderError,
+  SessionLostError,
+  UnavailableError,
+  WaitTimeoutError,
+  fromError,
+} from "../src/index.js";
+import { stale } from "../tools/sync-gen.mjs";
+
+const PKG = join(dirname(fileURLToPath(import.meta.url)), "..");
+
+test("gen/ is in sync with the repository's gen/es", () => {
+  assert.deepEqual(stale(), [], "run: node client/node/tools/sync-gen.mjs");
+});
+
+test("the declared types compile (tsc)", () => {
+  execFileSync(join(PKG, "node_modules", ".bin", "tsc"), ["-p", join(PKG, "tsconfig.json")], { stdio: "pipe" });
+});
+
+const detail = (schema, init) => ({ type: schema.typeName, value: toBinary(schema, create(schema, init)) });
+
+test("a busy status becomes LockHeldError with the holders from the LockState detail", () => {
+  const state = { key: "k", kind: LockKind.LOCK, limit: 1, holders: [{ sessionId: "s1", value: new TextEncoder().encode("a"), token: 7n }] };
+  const ce = new ConnectError("busy", Code.Aborted, undefined, [
+    detail(ErrorInfoSchema, { reason: "LOCK_HELD", domain: "lockbroker.v1", metadata: { key: "k" } }),
+    detail(LockStateSchema, state),
+  ]);
+  const err = fromError(ce);
+  assert.ok(err instanceof LockHeldError);
+  assert.equal(err.reason, "LOCK_HELD");
+  assert.equal(err.code, Code.Aborted);
+  assert.equal(err.codeName, "Aborted");
+  assert.deepEqual(err.metadata, { key: "k" });
+  assert.deepEqual(err.holders.map((h) => [h.sessionId, h.token]), [["s1", 7n]]);
+  assert.equal(err.state.kind, "lock");
+  assert.equal(err.cause, ce);
+});
+
+test("the reason decides the class; the code is the fallback", () => {
+  const withReason = (code, reason) => fromError(new ConnectError("m", code, undefined, [detail(ErrorInfoSchema, { reason, domain: "lockbroker.v1" })]));
+  assert.ok(withReason(Code.FailedPrecondition, "NOT_HOLDER") instanceof NotHolderError);
+  assert.ok(withReason(Code.Aborted, "SESSION_LOST") instanceof SessionLostError);
+  assert.ok(withReason(Code.DeadlineExceeded, "WAIT_TIMEOUT") instanceof WaitTimeoutError);
+  assert.ok(fromError(new ConnectError("m", Code.FailedPrecondition)) instanceof ConflictError);
+  assert.ok(fromError(new ConnectError("m", Code.Aborted)) instanceof LockHeldError);
+  // Another domain's reason does not pick a class.
+  const foreign = fromError(new ConnectError("m", Code.Unavailable, undefined, [detail(ErrorInfoSchema, { reason: "LOCK_HELD", domain: "other" })]));
+  assert.ok(foreign instanceof UnavailableError);
+});
+
+test("retry hints and field violations are decoded", () => {
+  const err = fromError(
+    new ConnectError("bad", Code.InvalidArgument, undefined, [
+      detail(ErrorInfoSchema, { reason: "INVALID_ARGUMENT", domain: "lockbroker.v1" }),
+      detail(BadRequestSchema, { fieldViolations: [{ field: "key", description: "empty" }] }),
+      detail(RetryInfoSchema, { retryDelay: { seconds: 1n, nanos: 500_000_000 } }),
+    ]),
+  );
+  assert.ok(err instanceof InvalidArgumentError);
+  assert.deepEqual(err.fieldViolations, [{ field: "key", description: "empty" }]);
+  assert.equal(err.retryAfter, 1.5);
+});
+
+test("LockLostError carries the reason", () => {
+  const e = new LockLostError("KEEPALIVE_TIMEOUT", "no keepalive");
+  assert.equal(e.reason, "KEEPALIVE_TIMEOUT");
+  assert.equal(e.detail, "no keepalive");
+  assert.equal(e.name, "LockLostError");
+  assert.match(e.message, /KEEPALIVE_TIMEOUT/);
+});

@@ -1,0 +1,47 @@
+// Compiled (not run) by `npm run typecheck` (tsc): the declared API in use,
+// as a TypeScript user would write it against the published package.
+
+import {
+  Client,
+  LockHeldError,
+  LockLostError,
+  SNAPSHOT_COMPLETE,
+  type Holder,
+  type Lease,
+  type State,
+} from "@lockbroker/client";
+
+export async function example(): Promise<bigint> {
+  const client = new Client("127.0.0.1:8700", { targets: ["127.0.0.1:8710"], token: "t", tls: { ca: "PEM" } });
+  const lease: Lease = await client.lock("jobs/nightly", { ttl: 15, wait: 30, value: "host-a", signal: AbortSignal.timeout(1000) });
+  await fetch("http://127.0.0.1/", { signal: lease.signal });
+  lease.onLost((err: LockLostError) => console.log(err.reason, err.detail));
+  lease.check();
+  const deadline: number = lease.deadline;
+  void deadline;
+  await lease.release();
+  await lease[Symbol.asyncDispose]();
+
+  const maybe: Lease | null = await client.tryLock("k");
+  if (maybe === null) console.log("busy");
+  const slot = await client.semaphore("pool", 3, { fair: true });
+  await slot.release({ timeoutMs: 500 });
+
+  for await (const st of client.watch("k", { signal: AbortSignal.timeout(10) })) {
+    if (st === SNAPSHOT_COMPLETE) continue;
+    const s: State = st;
+    const h: Holder | null = s.holder;
+    void h;
+  }
+  const election = client.leader("leader/k");
+  for await (const leader of election.observe()) void leader?.value;
+
+  try {
+    await client.lock("k", { wait: 0 });
+  } catch (e) {
+    if (e instanceof LockHeldError) console.log(e.holders.map((h) => h.sessionId), e.reason, e.retryAfter);
+  }
+  const seq = await client.tryAcquire("k", "00000000-0000-0000-0000-000000000000");
+  await client.close();
+  return seq?.token ?? 0n;
+}
