@@ -31,7 +31,8 @@ const exitCodesHelp = `Exit codes:
   1    usage or other error, one line on stderr: "lockctl: CODE: message"
   73   lock: the key is busy (--try, --timeout 0), the holders are named on stderr
   74   lock: --timeout ran out while waiting
-  75   lock: the lock was lost while the command ran (it got SIGTERM, then SIGKILL after --grace)
+  75   lock: the lock was lost, or no keepalive came before its guarantee ended, while the
+       command ran (it got SIGTERM, then SIGKILL after --grace or before the guarantee ended)
 `
 
 // mainUsage is the top-level help.
