@@ -60,6 +60,7 @@ public final class Lease implements AutoCloseable {
   private State state = State.HELD;
   private AcquireCall current; // the stream that holds (or is resuming) the lease
   private AcquireCall stale; // a quiet stream left open until a resume succeeds
+  private boolean staleDraining; // stale's broker said BROKER_SHUTDOWN
   private int replica;
   private int resumeTries;
   private long lastHeardNanos;
@@ -348,6 +349,7 @@ public final class Lease implements AutoCloseable {
       case LOST:
         if (r.getLost().getReason() == LostReason.LOST_REASON_BROKER_SHUTDOWN && state == State.HELD) {
           startResume();
+          staleDraining = true;
         } else if (state == State.RELEASING) {
           finishReleased();
         } else {
@@ -400,6 +402,12 @@ public final class Lease implements AutoCloseable {
   private void ended(AcquireCall call, Throwable error) {
     if (call == stale) {
       stale = null;
+      if (staleDraining && state == State.RESUMING) {
+        // The drain is over: that broker released the hold unless it had
+        // moved. Safe side: report the loss now, not at the deadline.
+        lose(LockLostException.fromClient(key(), LockLostException.KEEPALIVE_TIMEOUT,
+            "the draining broker ended the hold before another replica resumed it"));
+      }
       return;
     }
     if (call != current) {
@@ -479,6 +487,7 @@ public final class Lease implements AutoCloseable {
     if (stale != null) {
       stale.cancel("superseded");
     }
+    staleDraining = false;
     stale = current;
     current = null;
     resumeTries = 0;

@@ -235,6 +235,24 @@ class LockClientTest {
   }
 
   @Test
+  void drainWithNoOtherReplicaIsALossWhenTheDrainEnds() throws Exception {
+    String key = Cluster.key("drain-alone");
+    try (Broker a = Cluster.get().newBroker("drain-alone", "--drain-timeout", "2s");
+        LockClient c = LockClient.builder().target(a.addr()).build(); LockClient observer = shared()) {
+      Lease l = c.lock(key, LockOptions.defaults().ttl(TTL));
+      long deadline = l.deadlineNanos();
+      a.proc().signal("TERM");
+      long t0 = System.nanoTime();
+      assertTrue(l.awaitLost(TTL), "no loss after the only broker drained");
+      Cluster.figure("loss reported after SIGTERM of the only broker (drain 2 s)", (System.nanoTime() - t0) / 1e9);
+      assertTrue(System.nanoTime() < deadline, "the loss came after the deadline");
+      assertEquals(LockLostException.KEEPALIVE_TIMEOUT, l.lostCause().orElseThrow().reason());
+      assertTrue(a.proc().awaitExit(20), "broker did not exit after its drain");
+      assertEquals(0, observer.getLock(key).getHoldersCount(), "the drained broker left the hold in Consul");
+    }
+  }
+
+  @Test
   void watchMovesToAnotherReplica() throws Exception {
     String key = Cluster.key("watch");
     try (Broker a = Cluster.get().newBroker("watch-a");

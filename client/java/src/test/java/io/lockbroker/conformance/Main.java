@@ -188,7 +188,7 @@ public final class Main {
   /** Prints obj (a JSON object) with lang, t and an optional raw field added. */
   private static synchronized void emitRaw(String obj, String rawName, String raw) {
     StringBuilder b = new StringBuilder(obj.substring(0, obj.length() - 1));
-    b.append(",\"lang\":\"java\",\"t\":").append(System.currentTimeMillis() / 1000.0);
+    b.append(",\"lang\":\"java\",\"t\":").append(String.format(Locale.ROOT, "%.3f", System.currentTimeMillis() / 1000.0));
     if (rawName != null) {
       b.append(",\"").append(rawName).append("\":").append(raw);
     }
