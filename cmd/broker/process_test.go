@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -125,6 +126,10 @@ func TestDrainBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, healthpb.HealthCheckResponse_SERVING, hs.GetStatus())
 	require.Equal(t, http.StatusOK, healthz(t, p.HTTPAddr))
+	metrics := get(t, "http://"+p.HTTPAddr+"/metrics")
+	for _, m := range []string{"lockbroker_consul_blocking_queries", `lockbroker_consul_requests_total{op="kv_txn_write",result="ok"}`, "grpc_server_handled_total"} {
+		assert.Contains(t, metrics, m)
+	}
 	time.Sleep(500 * time.Millisecond) // let the Watch's first Send fill the window
 
 	p.Signal(syscall.SIGTERM)
@@ -162,6 +167,18 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// get returns the body of a GET of url.
+func get(t *testing.T, url string) string {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
 }
 
 // healthz returns the HTTP status of GET /healthz, or 0 when it does not

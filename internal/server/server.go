@@ -35,6 +35,8 @@ type Consul interface {
 	Healthy(ctx context.Context) error
 	// OpenBlockingQueries is the number of blocking queries in flight.
 	OpenBlockingQueries() int64
+	// Collector exports the counts of Consul calls.
+	Collector() prometheus.Collector
 }
 
 // Server is the gRPC server with its health and metrics.
@@ -102,10 +104,8 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 			Name: "lockbroker_consul_blocking_queries",
 			Help: "Consul blocking queries this replica has open.",
 		}, func() float64 { return float64(consul.OpenBlockingQueries()) }),
+		consul.Collector(),
 	)
-	if c, ok := consul.(interface{ Collector() prometheus.Collector }); ok {
-		reg.MustRegister(c.Collector()) // Consul call counts, from internal/consulstore
-	}
 	recoverOpt := recovery.WithRecoveryHandler(func(p any) error {
 		log.Error("panic in handler", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
