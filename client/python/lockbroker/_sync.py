@@ -351,7 +351,7 @@ class Watch:
 
     def _open(self, i):
         with self._mu:
-            if self._closed:
+            if self._closed or self._client._closed:
                 return None
             self._call = self._client._locks[i].Watch(self._req, metadata=self._client._metadata)
             return self._call
@@ -374,7 +374,7 @@ class Watch:
                         if resp.HasField("state"):
                             yield State.from_proto(resp.state)
                 except grpc.RpcError as e:
-                    if self._closed:
+                    if self._closed or client._closed:  # closed by us: end quietly
                         return
                     err = errors.from_rpc_error(e)
                     if not _core.failover_ok(err):

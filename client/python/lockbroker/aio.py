@@ -341,7 +341,7 @@ class Watch:
                         if resp.HasField("state"):
                             yield State.from_proto(resp.state)
                 except grpc.RpcError as e:
-                    if self._closed:
+                    if self._closed or client._closed:  # closed by us: end quietly
                         return
                     err = errors.from_rpc_error(e)
                     if not _core.failover_ok(err):
