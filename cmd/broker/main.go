@@ -207,20 +207,23 @@ func run(args []string, stderr io.Writer) error {
 }
 
 // drain stops the broker within limit whatever clients do: health turns
-// NOT_SERVING at once; the broker tells every holder `lost:
-// BROKER_SHUTDOWN` and gives them until the deadline to resume elsewhere;
-// the gRPC server stops taking connections and waits for open calls; at the
-// deadline every stream still open is cut (which also unblocks a Send to a
-// client that stopped reading) and the process goes on to exit.
+// NOT_SERVING at once and the gRPC server stops taking connections; the
+// broker tells every holder `lost: BROKER_SHUTDOWN` and keeps the holds
+// for their clients to resume elsewhere until limit less a release window
+// (a third of limit, at most 3 s), in which it releases the holds nobody
+// resumed; at limit every stream still open is cut (which also unblocks a
+// Send to a client that stopped reading) and the process goes on to exit.
 func drain(log *zap.Logger, limit time.Duration, srv *server.Server, b *broker.Broker, httpSrv *http.Server) {
 	start := time.Now()
 	srv.Shutdown()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
+	bctx, bcancel := context.WithTimeout(ctx, limit-min(limit/3, 3*time.Second))
+	defer bcancel()
 	log.Info("draining", zap.Duration("drain_timeout", limit))
 
 	brokerDone := make(chan struct{})
-	go func() { defer close(brokerDone); shutdownBroker(ctx, b) }()
+	go func() { defer close(brokerDone); shutdownBroker(bctx, ctx, b) }()
 	grpcDone := make(chan struct{})
 	go func() { defer close(grpcDone); srv.GRPC.GracefulStop() }()
 
@@ -244,26 +247,24 @@ func drain(log *zap.Logger, limit time.Duration, srv *server.Server, b *broker.B
 	log.Info("drained", zap.Duration("took", time.Since(start).Round(time.Millisecond)))
 }
 
-// shutdownBroker ends the broker's holds and watches by ctx's deadline.
-func shutdownBroker(ctx context.Context, b *broker.Broker) {
-	// TODO(lead): call b.Shutdown(ctx) directly once (*broker.Broker).Shutdown
-	// exists (tell every hold lost BROKER_SHUTDOWN, wait until ctx for the
-	// clients to resume elsewhere, release what is left, return by ctx's
-	// deadline). Until then Close runs in the background and the drain
-	// deadline bounds it.
+// shutdownBroker ends the broker's holds and watches: holds are kept for
+// resumption until resume ends, and everything is over by hard's end.
+func shutdownBroker(resume, hard context.Context, b *broker.Broker) {
+	// TODO(lead): call b.Shutdown(resume) directly once
+	// (*broker.Broker).Shutdown is committed (tell every hold lost
+	// BROKER_SHUTDOWN, keep the holds until ctx ends for the clients to
+	// resume elsewhere, then release what is left, returning shortly
+	// after ctx ends). Until then Close runs in the background, bounded by
+	// hard.
 	if s, ok := any(b).(interface{ Shutdown(context.Context) }); ok {
-		s.Shutdown(ctx)
-		return
-	}
-	if s, ok := any(b).(interface{ Shutdown(context.Context) error }); ok {
-		_ = s.Shutdown(ctx)
+		s.Shutdown(resume)
 		return
 	}
 	closed := make(chan struct{})
 	go func() { defer close(closed); b.Close() }()
 	select {
 	case <-closed:
-	case <-ctx.Done():
+	case <-hard.Done():
 	}
 }
 

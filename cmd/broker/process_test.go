@@ -96,7 +96,8 @@ func TestStoppedClientReleased(t *testing.T) {
 // key whose 300 KiB value overflows the stream's flow-control window, so
 // the broker's Send blocks), then sends SIGTERM: health is NOT_SERVING at
 // once, the reading holder is told `lost: BROKER_SHUTDOWN`, and the process
-// exits 0 within --drain-timeout + 2 s.
+// exits 0 within --drain-timeout + 2 s, having released the hold nobody
+// resumed.
 func TestDrainBounded(t *testing.T) {
 	const drain = 4 * time.Second
 	agent := consultest.Start(t)
@@ -157,6 +158,12 @@ func TestDrainBounded(t *testing.T) {
 	}
 	took := time.Since(signalled)
 	assert.Equal(t, 0, p.ExitCode())
+	// Nobody resumed the hold: the drain released it before the exit.
+	e, _, err := agent.Client().KV().Get("drain/held", &api.QueryOptions{RequireConsistent: true})
+	require.NoError(t, err)
+	if e != nil {
+		assert.Empty(t, e.Session, "the hold nobody resumed must be released by the drain")
+	}
 	t.Logf("NOT_SERVING %v after SIGTERM; exited %v after SIGTERM (--drain-timeout %v)",
 		notServing.Round(time.Millisecond), took.Round(time.Millisecond), drain)
 }
