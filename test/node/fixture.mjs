@@ -51,7 +51,7 @@ export class Broker {
     // Consul agent if the broker did not.
     this.proc = spawn(
       BROKER_BIN,
-      ["--dev", "--listen", this.addr, "--http-listen", this.httpAddr, "--dev-consul-http", this.consulAddr],
+      ["--dev", "--listen", this.addr, "--http-listen", this.httpAddr, "--dev-consul-http", this.consulAddr, "--drain-timeout", "3s"],
       { cwd: REPO, detached: true, stdio: ["ignore", log, log] },
     );
     closeSync(log);

@@ -67,7 +67,8 @@ class Broker:
             [BROKER_BIN, "--dev",
              "--listen", self.addr,
              "--http-listen", self.http_addr,
-             "--dev-consul-http", self.consul_addr],
+             "--dev-consul-http", self.consul_addr,
+             "--drain-timeout", "3s"],
             cwd=REPO, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )

@@ -1,0 +1,60 @@
+package server
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/broker"
+	"github.com/lockbroker/lockbroker/internal/consulstore"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// TestAccessLogQuietWhenOK checks that at the default info level a
+// successful call writes no log line and a refused one writes one.
+func TestAccessLogQuietWhenOK(t *testing.T) {
+	agent := consultest.Start(t)
+	client, err := consulstore.NewClient(agent.Config())
+	require.NoError(t, err)
+	store := consulstore.New(client, 0)
+	core, logs := observer.New(zapcore.InfoLevel)
+	log := zap.New(core)
+	b := broker.New(store, log)
+	srv, err := New(b, store, log)
+	require.NoError(t, err)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.GRPC.Serve(lis) }()
+	t.Cleanup(func() { srv.GRPC.Stop(); <-served; b.Close() })
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	locks := lockbrokerv1.NewLockServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	finished := func() []observer.LoggedEntry { return logs.FilterMessage("finished call").All() }
+	for range 3 {
+		_, err = locks.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "accesslog/ok"})
+		require.NoError(t, err)
+	}
+	assert.Empty(t, finished(), "no line per successful call at info")
+
+	_, err = locks.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "a//b"})
+	require.Error(t, err)
+	require.Eventually(t, func() bool { return len(finished()) == 1 }, 5*time.Second, 10*time.Millisecond)
+	e := finished()[0]
+	assert.Equal(t, zapcore.InfoLevel, e.Level)
+	assert.Equal(t, "InvalidArgument", e.ContextMap()["grpc.code"])
+}
