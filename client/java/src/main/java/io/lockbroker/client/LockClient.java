@@ -28,6 +28,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Executor;
 import java.util.concurrent.ExecutorService;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
@@ -240,6 +241,17 @@ public final class LockClient implements AutoCloseable {
       Pending p = new Pending(req);
       AcquireCall call = openAcquire(r, req, p);
       try {
+        // A live broker answers at once (queued, acquired or an error); a
+        // stalled one is left for the next target.
+        try {
+          p.answered.get(callTimeoutNanos, TimeUnit.NANOSECONDS);
+        } catch (TimeoutException e) {
+          p.abandon(call);
+          last = new UnavailableException(LockBrokerException.local(Status.Code.UNAVAILABLE, "",
+              "no answer from the broker at " + targets.get(r) + " within " + callTimeoutNanos / 1_000_000 + " ms"),
+              null);
+          continue;
+        }
         if (wait == null) {
           return p.result.get();
         }
@@ -285,6 +297,7 @@ public final class LockClient implements AutoCloseable {
   private final class Pending implements AcquireCall.Listener {
     final AcquireRequest req;
     final CompletableFuture<Lease> result = new CompletableFuture<>();
+    final CompletableFuture<Void> answered = new CompletableFuture<>();
 
     Pending(AcquireRequest req) {
       this.req = req;
@@ -292,6 +305,7 @@ public final class LockClient implements AutoCloseable {
 
     @Override
     public void onResponse(AcquireCall call, AcquireResponse r, long receivedNanos) {
+      answered.complete(null);
       switch (r.getEventCase()) {
         case ACQUIRED: {
           Lease lease = new Lease(LockClient.this, req, call, r.getAcquired(), receivedNanos);
@@ -313,6 +327,7 @@ public final class LockClient implements AutoCloseable {
 
     @Override
     public void onEnd(AcquireCall call, Throwable error) {
+      answered.complete(null);
       result.completeExceptionally(error != null ? error
           : new LockBrokerException(Status.Code.UNKNOWN, "", "the broker ended the stream before the grant"));
     }
@@ -389,7 +404,8 @@ public final class LockClient implements AutoCloseable {
       }
     }
     scheduler.shutdownNow();
-    pool.shutdown();
+    // The callback pool is not shut down: gRPC may still deliver the end of
+    // a cancelled stream; its idle daemon threads end after a minute.
   }
 
   // ---------------------------------------------------------------- plumbing for Lease and LockWatch
@@ -447,8 +463,17 @@ public final class LockClient implements AutoCloseable {
     return pool;
   }
 
+  /** Runs task after delayNanos; null (nothing runs) once the client is closed. */
   ScheduledFuture<?> schedule(Runnable task, long delayNanos) {
-    return scheduler.schedule(task, Math.max(0, delayNanos), TimeUnit.NANOSECONDS);
+    try {
+      return scheduler.schedule(task, Math.max(0, delayNanos), TimeUnit.NANOSECONDS);
+    } catch (RejectedExecutionException e) {
+      return null;
+    }
+  }
+
+  long callTimeoutNanos() {
+    return callTimeoutNanos;
   }
 
   long lossMarginNanos() {

@@ -65,10 +65,15 @@ public final class LockWatch implements AutoCloseable {
       }
       Item first;
       try {
-        first = s.first.take();
+        first = s.first.poll(client.callTimeoutNanos(), TimeUnit.NANOSECONDS);
       } catch (InterruptedException e) {
         close();
         throw e;
+      }
+      if (first == null) { // a stalled broker: leave it for the next target
+        s.call.cancel("no first state in time", null);
+        first = new Item(null, new UnavailableException(LockBrokerException.local(Status.Code.UNAVAILABLE, "",
+            "no state from the broker at " + client.target(r) + " in time"), null));
       }
       if (first.error == null) {
         queue.add(first);

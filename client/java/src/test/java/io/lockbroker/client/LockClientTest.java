@@ -309,4 +309,23 @@ class LockClientTest {
       assertEquals(Cluster.get().broker().addr(), l.target());
     }
   }
+
+  @Test
+  void stalledFirstTargetIsLeftForTheNext() throws Exception {
+    String key = Cluster.key("stalled-first");
+    try (Broker a = Cluster.get().newBroker("stalled-first")) {
+      a.stop();
+      try (LockClient c = LockClient.builder().targets(a.addr(), Cluster.get().broker().addr())
+          .callTimeout(Duration.ofSeconds(1)).build()) {
+        try (Lease l = c.lock(key)) {
+          assertEquals(Cluster.get().broker().addr(), l.target());
+        }
+        try (LockWatch w = c.watch(key)) {
+          assertEquals(0, w.next().getHoldersCount());
+        }
+      } finally {
+        a.cont();
+      }
+    }
+  }
 }
