@@ -352,9 +352,37 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // (2×TTL for orphaned sessions to expire, the lock-delay, a Consul
 // election and a broker restart); the bound a client waits is therefore
 // at most recovery plus the rest of the quiet period.
-func CheckLiveness(s *Snapshot, recovery time.Duration, clients map[int]ClientKind) Result {
+//
+// It also checks the other direction of DESIGN.md's loss detection: a
+// client that vanishes (frozen with its connections mute, so that only
+// gRPC keepalive can tell) while holding a lock loses it to a waiting
+// client within vanish.
+func CheckLiveness(s *Snapshot, recovery, vanish time.Duration, clients map[int]ClientKind) Result {
 	r := newResult(CheckerLiveness)
 	checked := 0
+	for _, f := range s.Freezes {
+		if !f.Silent || f.End-f.Start <= vanish {
+			continue
+		}
+		for _, h := range s.Holds {
+			if h.Client != f.Client || h.Acquired > f.Start || h.End < f.Start || s.limit(h.Key) != 1 {
+				continue
+			}
+			checked++
+			next := false
+			for _, g := range s.Holds {
+				if g.Key == h.Key && g.Client != h.Client && g.Acquired >= f.Start && g.Acquired <= f.Start+vanish {
+					next = true
+					break
+				}
+			}
+			if !next {
+				r.add(Violation{At: f.Start + vanish, Key: h.Key,
+					Msg:     fmt.Sprintf("client %d vanished at %s holding %s and nobody else got the lock within %s (frozen until %s)", f.Client, ms(f.Start), h.Key, vanish, ms(f.End)),
+					Excerpt: []string{h.describe()}})
+			}
+		}
+	}
 	for _, q := range s.Quiets {
 		from := q.Start + recovery
 		if q.End <= from {
@@ -384,7 +412,7 @@ func CheckLiveness(s *Snapshot, recovery time.Duration, clients map[int]ClientKi
 			}
 		}
 	}
-	r.Summary = fmt.Sprintf("%d quiet periods, %d client checks; bound: recovery %s then the rest of the period", len(s.Quiets), checked, recovery)
+	r.Summary = fmt.Sprintf("%d quiet periods, %d checks; bound: recovery %s then the rest of the period; a vanished holder's lock moves within %s", len(s.Quiets), checked, recovery, vanish)
 	return r
 }
 

@@ -148,24 +148,33 @@ func TestCheckLoss(t *testing.T) {
 func TestCheckLiveness(t *testing.T) {
 	clients := map[int]ClientKind{1: KindLib, 2: KindLib, 3: KindObserver}
 	q := []Quiet{{Start: s(100), End: s(140)}}
-	recovery := s(25)
+	recovery, vanish := s(25), s(23)
 	good := []Hold{
 		lockHold(1, 1, 10, 126, 127, EndReleased),
 		lockHold(2, 2, 20, 90, 130, EndReleased), // held across the window's start
 	}
-	r := CheckLiveness(&Snapshot{Holds: good, Quiets: q}, recovery, clients)
+	r := CheckLiveness(&Snapshot{Holds: good, Quiets: q}, recovery, vanish, clients)
 	assert.True(t, r.OK, "%+v", r)
 
 	starved := []Hold{lockHold(1, 1, 10, 126, 127, EndReleased), lockHold(2, 2, 20, 101, 102, EndReleased)}
 	r = CheckLiveness(&Snapshot{Holds: starved, Quiets: q,
-		Attempts: []Attempt{{Client: 2, Key: "k", Call: s(103), Return: s(140), Err: "context deadline exceeded"}}}, recovery, clients)
+		Attempts: []Attempt{{Client: 2, Key: "k", Call: s(103), Return: s(140), Err: "context deadline exceeded"}}}, recovery, vanish, clients)
 	assert.False(t, r.OK)
 	require.Len(t, r.Violations, 1)
 	assert.Contains(t, r.Violations[0].Msg, "client 2")
 	assert.NotEmpty(t, r.Violations[0].Excerpt)
 
 	frozen := &Snapshot{Holds: starved, Quiets: q, Freezes: []Freeze{{Client: 2, Start: s(110), End: s(120)}}}
-	assert.True(t, CheckLiveness(frozen, recovery, clients).OK, "a frozen client is not expected to progress")
+	assert.True(t, CheckLiveness(frozen, recovery, vanish, clients).OK, "a frozen client is not expected to progress")
+
+	// A client vanishes holding the lock: a waiter must get it in time.
+	held := lockHold(1, 1, 10, 1, 40, "lost:LOCAL_DEADLINE")
+	silent := []Freeze{{Client: 1, Start: s(2), End: s(30), Silent: true}}
+	kept := &Snapshot{Holds: []Hold{held, lockHold(2, 2, 20, 31, 32, EndReleased)}, Freezes: silent}
+	r = CheckLiveness(kept, recovery, vanish, clients)
+	assert.False(t, r.OK, "the lock stayed with the vanished client")
+	moved := &Snapshot{Holds: []Hold{held, lockHold(2, 2, 20, 18, 19, EndReleased)}, Freezes: silent}
+	assert.True(t, CheckLiveness(moved, recovery, vanish, clients).OK)
 }
 
 func TestCheckLinearizable(t *testing.T) {

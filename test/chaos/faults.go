@@ -27,6 +27,7 @@ const (
 	FClientReset         = "client-reset"           // reset_peer on client↔broker links
 	FClientLatency       = "client-latency"         // 200ms ± 100ms on client↔broker links
 	FClientFreeze        = "client-freeze"          // a client frozen (and silent) past its TTL
+	FClientFreezeReset   = "client-freeze-reset"    // … whose connections are reset as it freezes
 	FSessionDestroy      = "session-destroy"        // an operator destroys a holder's session
 )
 
@@ -64,7 +65,8 @@ func specs(ttl, lockDelay time.Duration) []faultSpec {
 		{FClientPartition, laneNetwork, 2, 2 * time.Second, 15 * time.Second},
 		{FClientReset, laneNetwork, 1, 500 * time.Millisecond, 2 * time.Second},
 		{FClientLatency, laneNetwork, 1, 3 * time.Second, 8 * time.Second},
-		{FClientFreeze, laneClient, 1, straddle + 2*time.Second, straddle + 6*time.Second},
+		{FClientFreeze, laneClient, 0.5, straddle + 2*time.Second, straddle + 6*time.Second},
+		{FClientFreezeReset, laneClient, 0.5, straddle + 2*time.Second, straddle + 6*time.Second},
 		{FSessionDestroy, laneClient, 2, 0, 0},
 	}
 }

@@ -123,6 +123,9 @@ type Quiet struct {
 type Freeze struct {
 	Client     int
 	Start, End time.Duration
+	// Silent: its connections were left open but mute (a paused process
+	// on a live host), so only gRPC keepalive can tell the broker.
+	Silent bool
 }
 
 // Observation is one state an observer saw on a Watch.

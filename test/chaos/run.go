@@ -44,20 +44,25 @@ type Profile struct {
 // follows, and 5s for a Consul election and a broker restart.
 func (p Profile) Recovery() time.Duration { return 2*p.TTL + p.LockDelay + 5*time.Second }
 
+// Vanish is how soon a vanished client's lock must go to a waiter: DESIGN
+// promises release within 20s (gRPC keepalive), then the lock-delay, and
+// 1s to hand it over.
+func (p Profile) Vanish() time.Duration { return 20*time.Second + p.LockDelay + time.Second }
+
 // Profiles are the built-in profiles.
 var Profiles = map[string]Profile{
-	"short": {Name: "short", Total: 100 * time.Second, ChaosLen: 58 * time.Second, QuietLen: 42 * time.Second,
+	"short": {Name: "short", Total: 85 * time.Second, ChaosLen: 45 * time.Second, QuietLen: 40 * time.Second,
 		Brokers: 3, Lib: 20, Raw: 3, Sem: 4, Elect: 3, Observers: 2, LockKeys: 5, SemKeys: 1, ElectKeys: 1, SemLimit: 3,
 		TTL: 10 * time.Second, LockDelay: 2 * time.Second, CheckLiveness: true, LinTimeout: 30 * time.Second,
-		Must:    []string{FClientFreeze, FBrokerTerm},
+		Must:    []string{FClientFreezeReset, FBrokerTerm},
 		Weights: map[string]float64{FConsulRestartAll: 0.3}},
 	"full": {Name: "full", Total: 20 * time.Minute, ChaosLen: 150 * time.Second, QuietLen: 45 * time.Second,
 		Brokers: 3, Lib: 50, Raw: 6, Sem: 8, Elect: 6, Observers: 4, LockKeys: 12, SemKeys: 2, ElectKeys: 2, SemLimit: 3,
 		TTL: 10 * time.Second, LockDelay: 2 * time.Second, CheckLiveness: true, LinTimeout: 3 * time.Minute,
-		Must: []string{FClientFreeze, FBrokerTerm}},
+		Must: []string{FClientFreezeReset, FBrokerTerm, FClientFreeze}},
 }
 
-// MutantProfile is the short run a mutant gets: 40s of chaos and no quiet
+// MutantProfile is the short run a mutant gets: 35s of chaos and no quiet
 // period, with the faults that exercise what the mutant breaks placed
 // first (admin session destroys for no-loss-notice, a client freeze for
 // no-fencing, rolling restarts and client link resets for
@@ -65,7 +70,7 @@ var Profiles = map[string]Profile{
 func MutantProfile(mutant string) Profile {
 	p := Profiles["short"]
 	p.Name = "mutant-" + mutant
-	p.Total, p.ChaosLen, p.QuietLen = 40*time.Second, 40*time.Second, 0
+	p.Total, p.ChaosLen, p.QuietLen = 35*time.Second, 35*time.Second, 0
 	p.CheckLiveness = false
 	p.Lib, p.Raw, p.Sem, p.Elect, p.Observers = 12, 2, 3, 3, 1
 	p.LockKeys = 3
@@ -73,10 +78,10 @@ func MutantProfile(mutant string) Profile {
 	switch mutant {
 	case "no-loss-notice":
 		p.Must = []string{FSessionDestroy, FSessionDestroy, FSessionDestroy, FSessionDestroy}
-		p.Weights[FClientFreeze] = 0
+		p.Weights[FClientFreeze], p.Weights[FClientFreezeReset] = 0, 0
 		p.Weights[FSessionDestroy] = 4
 	case "no-fencing":
-		p.Must = []string{FClientFreeze}
+		p.Must = []string{FClientFreezeReset}
 	case "no-resume-fence":
 		p.Must = []string{FBrokerTerm, FClientReset, FClientPartition, FBrokerTerm}
 		p.Weights[FBrokerTerm] = 4
@@ -421,7 +426,9 @@ func (r *run) leftovers(ctx context.Context, before map[string]bool) Leftovers {
 				l.Keys = append(l.Keys, fmt.Sprintf("%s (%s, flags %#x, %d bytes)", p.Key, held, p.Flags, len(p.Value)))
 			}
 		}
-		if len(l.Sessions)+len(l.Keys) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+		// Free keys stay until someone deletes them; sessions (and the
+		// keys they hold) may still be expiring.
+		if !expiring(l) || time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
 		sleep(ctx, time.Second)
@@ -438,6 +445,20 @@ func (r *run) leftovers(ctx context.Context, before map[string]bool) Leftovers {
 		l.LogFindings = append(l.LogFindings, scanLog(b.LogPath())...)
 	}
 	return l
+}
+
+// expiring reports whether l has something that may still go away by
+// itself: a session, or a key held by one.
+func expiring(l Leftovers) bool {
+	if len(l.Sessions) > 0 {
+		return true
+	}
+	for _, k := range l.Keys {
+		if strings.Contains(k, "held by session") {
+			return true
+		}
+	}
+	return false
 }
 
 // restore heals everything after a chaos segment: links, frozen clients,
@@ -600,7 +621,7 @@ func (r *run) inject(ctx context.Context, p Planned) {
 			l.Heal()
 		}
 		r.end(f)
-	case FClientFreeze:
+	case FClientFreeze, FClientFreezeReset:
 		var cands []*Client
 		for _, c := range r.clients {
 			if c.Kind == KindLib || c.Kind == KindRaw || c.Kind == KindElect {
@@ -609,8 +630,17 @@ func (r *run) inject(ctx context.Context, p Planned) {
 		}
 		c := cands[pick(len(cands))]
 		f := r.start(Fault{Kind: p.Kind, Target: c.Name(), Note: p.Dur.String()})
-		fr := Freeze{Client: c.ID, Start: f.Start}
+		fr := Freeze{Client: c.ID, Start: f.Start, Silent: p.Kind == FClientFreeze}
 		c.gate.Freeze()
+		if p.Kind == FClientFreezeReset { // its connections die at once
+			for _, l := range c.Links {
+				_ = l.Reset()
+			}
+			sleep(ctx, 300*time.Millisecond)
+			for _, l := range c.Links {
+				l.Heal()
+			}
+		}
 		for _, l := range c.Links {
 			_ = l.Blackhole()
 		}
