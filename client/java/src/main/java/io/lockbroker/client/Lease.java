@@ -238,13 +238,15 @@ public final class Lease implements AutoCloseable {
    * with another holder.
    */
   public void release() {
-    State before = end();
-    if (before == State.LOST) {
+    if (end() == State.LOST) {
       throw lostCause().orElseThrow();
     }
   }
 
-  /** Releases unless already ended; returns the state found. */
+  /**
+   * Releases unless already ended; returns how the lease ended: LOST when it
+   * was lost before the broker confirmed the release, else RELEASED.
+   */
   private State end() {
     CompletableFuture<State> begin = new CompletableFuture<>();
     serial.execute(() -> {
@@ -288,7 +290,7 @@ public final class Lease implements AutoCloseable {
       done.join(); // another thread is releasing
     }
     client.forget(this);
-    return before;
+    return lostCause != null ? State.LOST : State.RELEASED;
   }
 
   // ---------------------------------------------------------------- events (on `serial`)
@@ -350,9 +352,11 @@ public final class Lease implements AutoCloseable {
         if (r.getLost().getReason() == LostReason.LOST_REASON_BROKER_SHUTDOWN && state == State.HELD) {
           startResume();
           staleDraining = true;
-        } else if (state == State.RELEASING) {
-          finishReleased();
-        } else {
+        } else if (state == State.RELEASING
+            && (r.getLost().getReason() == LostReason.LOST_REASON_BROKER_SHUTDOWN
+                || r.getLost().getReason() == LostReason.LOST_REASON_RESUMED_ELSEWHERE)) {
+          finishReleased(); // closing the stream makes that broker release the hold
+        } else { // also while releasing: the hold was lost before the release took effect
           lose(LockLostException.fromBroker(key(), r.getLost().getReason(), r.getLost().getDetail()));
         }
         break;
