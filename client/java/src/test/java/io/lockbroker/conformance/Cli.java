@@ -52,7 +52,21 @@ final class Cli {
 
   static boolean pythonAvailable(Path repo) {
     return Files.exists(repo.resolve("client/python/lockbroker/conformance.py"))
-        && Files.isExecutable(Path.of("/usr/bin/python3"));
+        && Files.isExecutable(Path.of("/usr/bin/python3"))
+        && succeeds("/usr/bin/python3", "-c", "import grpc, google.protobuf");
+  }
+
+  private static boolean succeeds(String... argv) {
+    try {
+      Process p = new ProcessBuilder(argv).redirectErrorStream(true).start();
+      p.getInputStream().readAllBytes();
+      return p.waitFor(30, TimeUnit.SECONDS) && p.exitValue() == 0;
+    } catch (IOException e) {
+      return false;
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      return false;
+    }
   }
 
   static List<String> python(Path repo, String addr, String key, int limit, int seconds) {
@@ -61,19 +75,11 @@ final class Cli {
   }
 
   static boolean nodeAvailable(Path repo) {
-    if (!Files.exists(repo.resolve("client/node/conformance.mjs"))) {
-      return false;
+    if (!Files.exists(repo.resolve("client/node/conformance.mjs"))
+        || !Files.isDirectory(repo.resolve("client/node/node_modules/@connectrpc"))) {
+      return false; // not installed: `npm ci --prefix client/node`
     }
-    try {
-      Process p = new ProcessBuilder("node", "--version").redirectErrorStream(true).start();
-      p.getInputStream().readAllBytes();
-      return p.waitFor(10, TimeUnit.SECONDS) && p.exitValue() == 0;
-    } catch (IOException e) {
-      return false;
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-      return false;
-    }
+    return succeeds("node", "--version");
   }
 
   static List<String> node(Path repo, String addr, String key, int limit, int seconds) {
