@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-		"sync"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -137,7 +137,7 @@ func (l *Lease) giveUpAt() time.Time { return l.Deadline().Add(-clientMargin) }
 
 // SetValue changes the holder's value; the sequencer stays the same.
 func (l *Lease) SetValue(ctx context.Context, value []byte) error {
-	_, err := l.locks().SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: l.key, SessionId: l.seq.GetSessionId(), Value: value})
+	_, err := l.locks().SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: l.key, SessionId: l.seq.GetSessionId(), Value: value, Token: l.seq.GetToken()})
 	return err
 }
 
@@ -152,7 +152,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	default:
 	}
-	_, err := l.locks().Release(ctx, &lockbrokerv1.ReleaseRequest{Key: l.key, SessionId: l.seq.GetSessionId()})
+	_, err := l.locks().Release(ctx, &lockbrokerv1.ReleaseRequest{Key: l.key, SessionId: l.seq.GetSessionId(), Token: l.seq.GetToken()})
 	if err != nil {
 		l.end(ErrReleased) // closing the stream releases it too
 	}

@@ -5,6 +5,8 @@ package broker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"sync"
 	"time"
 
@@ -27,86 +29,180 @@ type Broker struct {
 	store Store
 	log   *zap.Logger
 	hub   *hub
+	id    string // this replica, as recorded in session records
 
-	// shutdown is closed when the broker stops; holds end with
-	// LostBrokerShutdown.
-	shutdown     chan struct{}
-	shutdownOnce sync.Once
-	holds        sync.WaitGroup
+	// shutdown is closed when the broker starts draining (holds end with
+	// LostBrokerShutdown); drained when the drain time is over (holds not
+	// resumed elsewhere are then released).
+	shutdown  chan struct{}
+	drained   chan struct{}
+	abandon   bool // Close: leave sessions to expire, as a crash would
+	closeOnce sync.Once
+	holds     sync.WaitGroup
 
 	mu    sync.Mutex
-	local map[string]*holdHandle // by key + "\x00" + session
+	local map[string]*hold // granted holds, by key + "\x00" + session
+
+	cacheMu sync.Mutex
+	grants  map[string]grantInfo // see fillTokens
+	recent  map[string]time.Time // releases this replica made, see Release
+
+	janitorStop context.CancelFunc
+	janitorDone chan struct{}
+}
+
+type options struct {
+	id            string
+	maxBlocking   int
+	sweepInterval time.Duration
+	janitor       time.Duration
 }
 
 // Option configures a Broker.
-type Option func(*Broker)
+type Option func(*options)
+
+// WithReplicaID names this replica in session records (default: random).
+// Two replicas must never share an id.
+func WithReplicaID(id string) Option { return func(o *options) { o.id = id } }
+
+// WithMaxBlocking caps the Consul blocking queries this replica runs at
+// once (default DefaultMaxBlocking; at least 1). Keys beyond it are swept.
+func WithMaxBlocking(n int) Option { return func(o *options) { o.maxBlocking = max(n, 1) } }
+
+// WithSweepInterval sets how often keys without a blocking query of their
+// own are checked (default DefaultSweepInterval): it bounds how late a
+// change to such a key is noticed.
+func WithSweepInterval(d time.Duration) Option { return func(o *options) { o.sweepInterval = d } }
 
 // New returns a Broker on store. log must not be nil.
 func New(store Store, log *zap.Logger, opts ...Option) *Broker {
+	o := options{maxBlocking: DefaultMaxBlocking, sweepInterval: DefaultSweepInterval, janitor: time.Minute}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.id == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		o.id = hex.EncodeToString(b[:])
+	}
 	b := &Broker{
 		store:    store,
 		log:      log,
-		hub:      newHub(store, log),
+		id:       o.id,
+		hub:      newHub(store, log, o.maxBlocking, o.sweepInterval),
 		shutdown: make(chan struct{}),
-		local:    make(map[string]*holdHandle),
+		drained:  make(chan struct{}),
+		local:    make(map[string]*hold),
+		grants:   make(map[string]grantInfo),
+		recent:   make(map[string]time.Time),
 	}
-	for _, o := range opts {
-		o(b)
-	}
+	jctx, cancel := context.WithCancel(context.Background())
+	b.janitorStop, b.janitorDone = cancel, make(chan struct{})
+	go func() { defer close(b.janitorDone); b.janitor(jctx, o.janitor) }()
 	return b
 }
 
-// Close ends every hold with LostBrokerShutdown (leaving broker-owned
-// sessions to expire, so clients can resume them elsewhere), waits for the
-// holds to finish, and stops the watches.
-func (b *Broker) Close() {
-	b.shutdownOnce.Do(func() {
-		b.mu.Lock() // no Acquire may join b.holds once Wait starts
+// ID is this replica's id.
+func (b *Broker) ID() string { return b.id }
+
+// enter counts a new request in, unless the broker is shutting down.
+func (b *Broker) enter() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-b.shutdown:
+		return false
+	default:
+	}
+	b.holds.Add(1)
+	return true
+}
+
+// Shutdown drains the broker: every hold is told lost BROKER_SHUTDOWN and
+// kept (its session renewed) until ctx ends so its client can resume it on
+// another replica; then the holds nobody resumed are released and their
+// sessions destroyed (resumed ones are fenced off by their records).
+// Waiters end with UNAVAILABLE. It returns when every hold ended, or
+// shortly (at most 3 s) after ctx ends if some cleanup is still stuck.
+func (b *Broker) Shutdown(ctx context.Context) {
+	b.mu.Lock()
+	select {
+	case <-b.shutdown:
+	default:
 		close(b.shutdown)
-		b.mu.Unlock()
-	})
-	b.holds.Wait()
+	}
+	b.mu.Unlock()
+	done := make(chan struct{})
+	go func() { b.holds.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	b.closeOnce.Do(func() { close(b.drained) })
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		b.log.Warn("shutdown: some holds did not finish their cleanup in time")
+	}
+	b.janitorStop()
+	<-b.janitorDone
 	b.hub.close()
 }
 
-// holdHandle lets Release and SetValue reach a hold on this replica.
-type holdHandle struct {
-	mu        sync.Mutex
-	seq       Sequencer
-	releasing bool
-	released  chan struct{}
-	closeOnce sync.Once
+// Close stops the broker at once, as a crash would but telling its
+// clients: every hold is told lost BROKER_SHUTDOWN and its session left to
+// expire, so clients can resume their holds on another replica within the
+// TTL; nothing is released. Use Shutdown for a drain.
+func (b *Broker) Close() {
+	b.mu.Lock()
+	b.abandon = true
+	b.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	b.Shutdown(ctx)
 }
 
-// markReleased tells the hold that Release ended it.
-func (h *holdHandle) markReleased() { h.closeOnce.Do(func() { close(h.released) }) }
+func (b *Broker) abandoning() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.abandon
+}
 
 func localKey(key, session string) string { return key + "\x00" + session }
 
-func (b *Broker) register(key, session string) *holdHandle {
-	h := &holdHandle{released: make(chan struct{})}
+func (b *Broker) register(h *hold) {
 	b.mu.Lock()
-	b.local[localKey(key, session)] = h
+	b.local[localKey(h.spec.Key, h.session)] = h
 	b.mu.Unlock()
-	return h
 }
 
-func (b *Broker) unregister(key, session string, h *holdHandle) {
+func (b *Broker) unregister(h *hold) {
 	b.mu.Lock()
-	if b.local[localKey(key, session)] == h {
-		delete(b.local, localKey(key, session))
+	if b.local[localKey(h.spec.Key, h.session)] == h {
+		delete(b.local, localKey(h.spec.Key, h.session))
 	}
 	b.mu.Unlock()
 }
 
-func (b *Broker) lookup(key, session string) *holdHandle {
+func (b *Broker) lookup(key, session string) *hold {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.local[localKey(key, session)]
 }
 
-// cleanupContext is for work that must finish after the caller's context
-// ended (releasing a hold whose stream was cancelled).
-func cleanupContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 10*time.Second)
+// janitor removes the session records whose session ended without the
+// broker deleting them (a replica crashed, a client destroyed its session
+// in Consul directly): Consul released them, so they have no session.
+func (b *Broker) janitor(ctx context.Context, every time.Duration) {
+	for sleep(ctx, every) {
+		entries, _, err := b.store.List(ctx, recordPrefix, false)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if e.Session == "" {
+				_, _ = b.store.Txn(ctx, []Op{{Verb: OpDeleteCAS, Key: e.Key, Index: e.ModifyIndex}})
+			}
+		}
+	}
 }

@@ -25,6 +25,7 @@ const (
 	LostRenewalFailed
 	LostLimitConflict
 	LostBrokerShutdown
+	LostResumedElsewhere
 )
 
 // Event is one event of an Acquire.
@@ -49,8 +50,10 @@ type Event struct {
 type AcquireSpec struct {
 	Key   string
 	Value []byte
-	// Limit 0 or 1 is a lock; more is a semaphore.
+	// Limit 0 or 1 is a lock; more is a semaphore (unless Semaphore).
 	Limit uint32
+	// Semaphore takes a semaphore slot even with Limit 1.
+	Semaphore bool
 	// Wait bounds the wait; WaitForever waits until ctx ends. Wait 0
 	// without WaitForever tries once.
 	Wait        time.Duration

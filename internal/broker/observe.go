@@ -4,10 +4,11 @@ import "context"
 
 // Watch sends key's state now and after every change until ctx ends or
 // send fails. With prefix it sends the state of every lock and semaphore
-// under key/ (and key itself), one key per call, and a KindNone state for
-// a key that disappears. skipped counts the publications this reader
-// missed because it read slowly; it always gets the newest state. All
-// watchers of one key on this replica share one Consul blocking query.
+// under key/ (and key itself), one key per call, then a nil state that
+// marks the end of the initial snapshot, then each change (a KindNone
+// state for a key that disappears). skipped counts the publications this
+// reader missed because it read slowly; it always gets the newest state.
+// All watchers of one key on this replica share one watch.
 func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(st *State, skipped uint64) error) error {
 	s := b.hub.subscribe(key)
 	defer s.close()
@@ -18,68 +19,95 @@ func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(s
 	if err != nil {
 		return err
 	}
-	entries = filterUnder(key, entries)
-	floor := idx
-	var last *State
-	lastSub := map[string]*State{}
+	entries = under(key, entries)
 	if !prefix {
-		last = deriveState(key, entries, idx)
-		s.fill(last)
-		if err := send(last, 0); err != nil {
+		return b.watchKey(ctx, s, deriveState(key, entries, idx), send)
+	}
+	last := map[string]*State{}
+	for k, st := range subStates(key, entries, idx) {
+		b.fillTokens(ctx, st)
+		last[k] = st
+		if err := send(st, 0); err != nil {
 			return err
 		}
-	} else {
-		for k, st := range subStates(key, entries, idx) {
-			s.fill(st)
-			lastSub[k] = st
-			if err := send(st, 0); err != nil {
-				return err
-			}
-		}
+	}
+	if err := send(nil, 0); err != nil {
+		return err
 	}
 	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-b.shutdown:
-			return ErrShutdown
-		case <-s.wake:
+		if err := b.await(ctx, s); err != nil {
+			return err
 		}
-		if !prefix {
-			st, skipped := s.state()
-			if st == nil || st.Index < last.Index || sameHolders(st, last) {
-				continue
-			}
-			last = st
-			if err := send(st, skipped); err != nil {
-				return err
-			}
+		entries, at, skipped, ok := s.listing()
+		if !ok || at < idx {
 			continue
 		}
-		entries, idx, skipped, ok := s.listing()
-		if !ok || idx < floor {
+		if err := b.sendChanges(ctx, key, entries, at, skipped, last, send); err != nil {
+			return err
+		}
+	}
+}
+
+// watchKey follows one key.
+func (b *Broker) watchKey(ctx context.Context, s *sub, last *State, send func(*State, uint64) error) error {
+	b.fillTokens(ctx, last)
+	if err := send(last, 0); err != nil {
+		return err
+	}
+	for {
+		if err := b.await(ctx, s); err != nil {
+			return err
+		}
+		st, skipped := s.state()
+		if st == nil || st.Index < last.Index {
 			continue
 		}
-		now := subStates(key, entries, idx)
-		for k, st := range now {
-			s.fill(st)
-			if prev, seen := lastSub[k]; seen && sameHolders(prev, st) {
-				continue
-			}
-			lastSub[k] = st
-			if err := send(st, skipped); err != nil {
+		b.fillTokens(ctx, st)
+		if sameHolders(st, last) {
+			continue
+		}
+		last = st
+		if err := send(st, skipped); err != nil {
+			return err
+		}
+	}
+}
+
+// sendChanges sends the states under key that changed since last, and a
+// KindNone state for each key that disappeared.
+func (b *Broker) sendChanges(ctx context.Context, key string, entries []*Entry, at, skipped uint64, last map[string]*State, send func(*State, uint64) error) error {
+	now := subStates(key, entries, at)
+	for k, st := range now {
+		b.fillTokens(ctx, st)
+		if prev, seen := last[k]; seen && sameHolders(prev, st) {
+			continue
+		}
+		last[k] = st
+		if err := send(st, skipped); err != nil {
+			return err
+		}
+		skipped = 0
+	}
+	for k := range last {
+		if _, ok := now[k]; !ok {
+			delete(last, k)
+			if err := send(&State{Key: k, Kind: KindNone, Index: at}, skipped); err != nil {
 				return err
 			}
 			skipped = 0
 		}
-		for k := range lastSub {
-			if _, ok := now[k]; !ok {
-				delete(lastSub, k)
-				if err := send(&State{Key: k, Kind: KindNone, Index: idx}, skipped); err != nil {
-					return err
-				}
-				skipped = 0
-			}
-		}
+	}
+	return nil
+}
+
+// await waits for the next wake-up of s.
+func (b *Broker) await(ctx context.Context, s *sub) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-b.shutdown:
+		return newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; watch on another replica")
+	case <-s.wake:
+		return nil
 	}
 }

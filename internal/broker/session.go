@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 )
 
 // errRenewalFailed: renewals failed until the safe deadline.
 var errRenewalFailed = errors.New("session renewals failed until the safe deadline")
+
+// isNotFound reports whether err says a session does not exist.
+func isNotFound(err error) bool { return errors.Is(err, ErrSessionNotFound) }
 
 // withDefaults fills the defaults of a session spec.
 func withDefaults(spec *SessionSpec) SessionSpec {
@@ -34,10 +38,10 @@ func withDefaults(spec *SessionSpec) SessionSpec {
 // not come through the gRPC layer.
 func validateSpec(s SessionSpec) error {
 	if s.TTL < MinTTL || s.TTL > MaxTTL {
-		return fmt.Errorf("%w: ttl must be between %s and %s, got %s", ErrInvalid, MinTTL, MaxTTL, s.TTL)
+		return invalid("new_session.ttl", "must be between %s and %s, got %s", MinTTL, MaxTTL, s.TTL)
 	}
 	if s.LockDelay > MaxLockDelay {
-		return fmt.Errorf("%w: lock_delay must be between 0s and %s, got %s", ErrInvalid, MaxLockDelay, s.LockDelay)
+		return invalid("new_session.lock_delay", "must be between 0s and %s, got %s", MaxLockDelay, s.LockDelay)
 	}
 	return nil
 }
@@ -61,8 +65,11 @@ func (b *Broker) RenewSession(ctx context.Context, id string) (*SessionInfo, err
 	return b.store.RenewSession(ctx, id)
 }
 
-// DestroySession destroys a session (idempotent).
+// DestroySession destroys a session (idempotent), and first its record.
 func (b *Broker) DestroySession(ctx context.Context, id string) error {
+	if rec, err := b.readRecord(ctx, id); err == nil && rec.index != 0 {
+		_, _ = b.store.Txn(ctx, rec.deleteOps())
+	}
 	return b.store.DestroySession(ctx, id)
 }
 
@@ -152,4 +159,45 @@ func (r *renewer) run(ctx context.Context) {
 			timer.Reset(min(500*time.Millisecond, left))
 		}
 	}
+}
+
+// SessionSummary is one session the broker made grants for.
+type SessionSummary struct {
+	Info        *SessionInfo
+	BrokerOwned bool
+	Holds       []Sequencer
+}
+
+// ListSessions lists the sessions that have a broker record, with what
+// each holds, read consistently; sessions that ended are left out.
+func (b *Broker) ListSessions(ctx context.Context) ([]SessionSummary, error) {
+	entries, _, err := b.store.List(ctx, recordPrefix, true)
+	if err != nil {
+		return nil, err
+	}
+	infos, err := b.store.Sessions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]*SessionInfo, len(infos))
+	for _, in := range infos {
+		byID[in.ID] = in
+	}
+	var out []SessionSummary
+	for _, e := range entries {
+		sid := e.Key[len(recordPrefix):]
+		info, ok := byID[sid]
+		rec := decodeRecord(sid, e)
+		if !ok || !rec.live {
+			continue
+		}
+		s := SessionSummary{Info: info, BrokerOwned: rec.Owner != ""}
+		for key := range rec.Holds {
+			s.Holds = append(s.Holds, Sequencer{Key: key, Session: sid, Token: rec.token(key)})
+		}
+		sort.Slice(s.Holds, func(i, j int) bool { return s.Holds[i].Key < s.Holds[j].Key })
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Info.CreateIndex < out[j].Info.CreateIndex })
+	return out, nil
 }

@@ -21,6 +21,7 @@ const (
 // Holder is one current holder of a key.
 type Holder struct {
 	Session     string
+	SessionName string
 	Value       []byte
 	Token       uint64
 	LockIndex   uint64
@@ -42,9 +43,21 @@ type State struct {
 	sem     *semBody
 	// semErr says why a `.lock` body could not be used.
 	semErr error
-	// contenders are the live semaphore contender entries, by session.
+	// contenders are the live semaphore contender entries, by session;
+	// children every direct child entry, by name.
 	contenders map[string]*Entry
+	children   map[string]*Entry
+	entries    []*Entry
 }
+
+// entry returns the entry at key in the state's listing, or nil.
+func (st *State) entry(key string) *Entry {
+	e, _ := findEntry(st.entries, key)
+	return e
+}
+
+// child returns the direct child entry <key>/<name>, or nil.
+func (st *State) child(name string) *Entry { return st.children[name] }
 
 // semBody is the JSON of a semaphore's `.lock` key, as api.Semaphore
 // writes it.
@@ -58,8 +71,9 @@ const semLockSuffix = "/.lock"
 // deriveState builds the state of key from the entries of a listing of
 // prefix key (entries outside key and key/ are ignored).
 func deriveState(key string, entries []*Entry, index uint64) *State {
-	st := &State{Key: key, Kind: KindNone, Index: index}
+	st := &State{Key: key, Kind: KindNone, Index: index, entries: entries}
 	children := make(map[string]*Entry)
+	st.children = children
 	for _, e := range entries {
 		switch {
 		case e.Key == key:

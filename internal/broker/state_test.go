@@ -84,7 +84,7 @@ func FuzzDeriveState(f *testing.F) {
 		_ = semaphoreConflict(st, 2)
 		_ = subStates(key, entries, 1)
 		if st.Kind == KindSemaphore && st.semErr == nil {
-			_, _, _ = semaphoreLoss(st, &Sequencer{Session: session}, 2)
+			_, _, _ = semaphoreLoss(st, Sequencer{Session: session}, 2)
 		}
 	})
 }

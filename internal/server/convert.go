@@ -1,6 +1,8 @@
 package server
 
 import (
+	"fmt"
+
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
@@ -21,6 +23,7 @@ var reasons = map[broker.LostReason]lockbrokerv1.LostReason{
 	broker.LostRenewalFailed:      lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED,
 	broker.LostLimitConflict:      lockbrokerv1.LostReason_LOST_REASON_LIMIT_CONFLICT,
 	broker.LostBrokerShutdown:     lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN,
+	broker.LostResumedElsewhere:   lockbrokerv1.LostReason_LOST_REASON_RESUMED_ELSEWHERE,
 }
 
 func stateToProto(st *broker.State) *lockbrokerv1.LockState {
@@ -30,10 +33,11 @@ func stateToProto(st *broker.State) *lockbrokerv1.LockState {
 	out := &lockbrokerv1.LockState{Key: st.Key, Kind: kinds[st.Kind], Limit: st.Limit, Index: st.Index}
 	for _, h := range st.Holders {
 		out.Holders = append(out.Holders, &lockbrokerv1.Holder{
-			SessionId: h.Session,
-			Value:     h.Value,
-			Token:     h.Token,
-			LockIndex: h.LockIndex,
+			SessionId:   h.Session,
+			Value:       h.Value,
+			Token:       h.Token,
+			LockIndex:   h.LockIndex,
+			SessionName: h.SessionName,
 		})
 	}
 	return out
@@ -114,4 +118,27 @@ func eventToProto(e broker.Event) *lockbrokerv1.AcquireResponse {
 			Sequencer: seqToProto(e.Sequencer),
 		}}}
 	}
+}
+
+func summaryToProto(s broker.SessionSummary) *lockbrokerv1.SessionSummary {
+	out := &lockbrokerv1.SessionSummary{Session: sessionToProto(s.Info), BrokerOwned: s.BrokerOwned}
+	for _, h := range s.Holds {
+		out.Holds = append(out.Holds, seqToProto(h))
+	}
+	return out
+}
+
+// acquireSpec converts the fields Acquire and TryAcquire share.
+func acquireSpec(key string, value []byte, limit uint32, kind lockbrokerv1.AcquireKind) (broker.AcquireSpec, error) {
+	spec := broker.AcquireSpec{Key: key, Value: value, Limit: limit}
+	switch kind {
+	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_LOCK:
+		if limit > 1 {
+			return spec, &broker.Error{Kind: broker.ErrInvalid, Reason: broker.ReasonInvalidArgument, Field: "limit",
+				Msg: fmt.Sprintf("limit: must be 0 or 1 with kind ACQUIRE_KIND_LOCK, got %d", limit)}
+		}
+	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_SEMAPHORE:
+		spec.Semaphore = true
+	}
+	return spec, nil
 }

@@ -25,29 +25,42 @@ func NewLockService(b *broker.Broker, log *zap.Logger) *LockService {
 
 // Acquire implements LockService.Acquire.
 func (s *LockService) Acquire(req *lockbrokerv1.AcquireRequest, stream grpc.ServerStreamingServer[lockbrokerv1.AcquireResponse]) error {
-	spec := broker.AcquireSpec{
-		Key:         req.GetKey(),
-		Value:       req.GetValue(),
-		Limit:       req.GetLimit(),
-		WaitForever: req.WaitTimeout == nil,
-		Wait:        req.GetWaitTimeout().AsDuration(),
-		NewSession:  specFromProto(req.GetNewSession()),
-		SessionID:   req.GetSessionId(),
-		Fair:        req.GetFair(),
+	spec, err := acquireSpec(req.GetKey(), req.GetValue(), req.GetLimit(), req.GetKind())
+	if err != nil {
+		return toStatus(s.log, err)
 	}
+	spec.WaitForever = req.WaitTimeout == nil
+	spec.Wait = req.GetWaitTimeout().AsDuration()
+	spec.NewSession = specFromProto(req.GetNewSession())
+	spec.SessionID = req.GetSessionId()
+	spec.Fair = req.GetFair()
 	if r := req.GetResume(); r != nil {
 		seq := seqFromProto(r)
 		spec.Resume = &seq
 	}
-	err := s.broker.Acquire(stream.Context(), spec, func(e broker.Event) error {
+	err = s.broker.Acquire(stream.Context(), spec, func(e broker.Event) error {
 		return stream.Send(eventToProto(e))
 	})
 	return toStatus(s.log, err)
 }
 
+// TryAcquire implements LockService.TryAcquire.
+func (s *LockService) TryAcquire(ctx context.Context, req *lockbrokerv1.TryAcquireRequest) (*lockbrokerv1.TryAcquireResponse, error) {
+	spec, err := acquireSpec(req.GetKey(), req.GetValue(), req.GetLimit(), req.GetKind())
+	if err != nil {
+		return nil, toStatus(s.log, err)
+	}
+	spec.SessionID = req.GetSessionId()
+	seq, err := s.broker.TryAcquire(ctx, spec)
+	if err != nil {
+		return nil, toStatus(s.log, err)
+	}
+	return &lockbrokerv1.TryAcquireResponse{Sequencer: seqToProto(*seq)}, nil
+}
+
 // Release implements LockService.Release.
 func (s *LockService) Release(ctx context.Context, req *lockbrokerv1.ReleaseRequest) (*lockbrokerv1.ReleaseResponse, error) {
-	released, err := s.broker.Release(ctx, req.GetKey(), req.GetSessionId())
+	released, err := s.broker.Release(ctx, req.GetKey(), req.GetSessionId(), req.GetToken())
 	if err != nil {
 		return nil, toStatus(s.log, err)
 	}
@@ -57,6 +70,9 @@ func (s *LockService) Release(ctx context.Context, req *lockbrokerv1.ReleaseRequ
 // Watch implements LockService.Watch.
 func (s *LockService) Watch(req *lockbrokerv1.WatchRequest, stream grpc.ServerStreamingServer[lockbrokerv1.WatchResponse]) error {
 	err := s.broker.Watch(stream.Context(), req.GetKey(), req.GetPrefix(), func(st *broker.State, skipped uint64) error {
+		if st == nil {
+			return stream.Send(&lockbrokerv1.WatchResponse{SnapshotComplete: true})
+		}
 		return stream.Send(&lockbrokerv1.WatchResponse{State: stateToProto(st), Skipped: skipped})
 	})
 	return toStatus(s.log, err)
@@ -73,7 +89,7 @@ func (s *LockService) GetLock(ctx context.Context, req *lockbrokerv1.GetLockRequ
 
 // SetValue implements LockService.SetValue.
 func (s *LockService) SetValue(ctx context.Context, req *lockbrokerv1.SetValueRequest) (*lockbrokerv1.SetValueResponse, error) {
-	seq, err := s.broker.SetValue(ctx, req.GetKey(), req.GetSessionId(), req.GetValue())
+	seq, err := s.broker.SetValue(ctx, req.GetKey(), req.GetSessionId(), req.GetValue(), req.GetToken())
 	if err != nil {
 		return nil, toStatus(s.log, err)
 	}

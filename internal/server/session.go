@@ -56,3 +56,16 @@ func (s *SessionService) GetSession(ctx context.Context, req *lockbrokerv1.GetSe
 	}
 	return &lockbrokerv1.GetSessionResponse{Session: sessionToProto(info)}, nil
 }
+
+// ListSessions implements SessionService.ListSessions.
+func (s *SessionService) ListSessions(ctx context.Context, _ *lockbrokerv1.ListSessionsRequest) (*lockbrokerv1.ListSessionsResponse, error) {
+	list, err := s.broker.ListSessions(ctx)
+	if err != nil {
+		return nil, toStatus(s.log, err)
+	}
+	out := &lockbrokerv1.ListSessionsResponse{}
+	for _, x := range list {
+		out.Sessions = append(out.Sessions, summaryToProto(x))
+	}
+	return out, nil
+}

@@ -227,10 +227,20 @@ func TestWatchPrefixStreamsEachLockAndSemaphore(t *testing.T) {
 	}))
 
 	got, _ := o.responses()
-	for _, resp := range got {
+	markers := 0
+	for i, resp := range got {
+		if resp.GetSnapshotComplete() {
+			// The initial burst (fleet/a and fleet/pool) ends with one
+			// marker that carries no state, before any change.
+			markers++
+			assert.Nil(t, resp.GetState(), "the snapshot marker carries no state")
+			assert.Equal(t, 2, i, "the marker follows the initial states: %s", wtDescribe(got))
+			continue
+		}
 		assert.Contains(t, []string{"fleet", "fleet/a", "fleet/b", "fleet/pool"}, resp.GetState().GetKey(),
 			"only locks and semaphores under the prefix: %s", wtDescribe(got))
 	}
+	assert.Equal(t, 1, markers, "one snapshot_complete marker: %s", wtDescribe(got))
 }
 
 // wtCtx is a deadline for the unary calls of these tests.

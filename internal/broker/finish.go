@@ -1,0 +1,144 @@
+package broker
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// finish ends a broker-owned session after its hold ended: it releases
+// what the session still holds of the key (unless a Release did),
+// deletes the session's record and destroys the session. The transaction
+// is conditioned on the record as this replica last knew it, so a session
+// another replica resumed meanwhile is left alone. A client-owned
+// session's hold outlives the stream: nothing is done.
+func (h *hold) finish(released bool) {
+	if !h.owned {
+		return
+	}
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	st, err := h.leaveState(ctx)
+	if err != nil {
+		h.b.log.Warn("cannot release hold; its session expires with its TTL", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Error(err))
+		return
+	}
+	for attempt := range maxWriteAttempts {
+		rec := h.record()
+		if rec.index != 0 && rec.Owner != h.b.id && !mutantNoResumeFence {
+			return // resumed elsewhere: not ours to touch
+		}
+		ops, err := h.finishOps(rec, st, released)
+		if err == nil {
+			_, err = h.b.store.Txn(ctx, ops)
+		}
+		if err == nil {
+			h.destroy(ctx)
+			return
+		}
+		if asTxnError(err) == nil {
+			h.b.log.Warn("cannot release hold; its session expires with its TTL", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Error(err))
+			return
+		}
+		// Something moved: read the record and the key again.
+		backoff(ctx, attempt)
+		rec, err = h.b.readRecord(ctx, h.session)
+		if err == nil {
+			h.setRecord(rec)
+			st, err = h.b.readState(ctx, h.spec.Key)
+		}
+		if err != nil || attempt == maxWriteAttempts-1 {
+			h.b.log.Warn("cannot release hold; its session expires with its TTL", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Error(err))
+			return
+		}
+	}
+}
+
+// leaveState is the state a release is built on: for a lock, the shared
+// watch's (an unlock only checks the session); for a semaphore, a
+// consistent read, since leaving it is a check-and-set of `.lock` and the
+// watch may not show the admission yet.
+func (h *hold) leaveState(ctx context.Context) (*State, error) {
+	if h.sem {
+		return h.b.readState(ctx, h.spec.Key)
+	}
+	st, _ := h.sub.state()
+	return st, nil
+}
+
+// finishOps are the ops that end the hold: the record's guard and
+// deletion, and the release of whatever st shows the session holding.
+func (h *hold) finishOps(rec *record, st *State, released bool) ([]Op, error) {
+	var ops []Op
+	if !mutantNoResumeFence {
+		ops = append(ops, rec.deleteOps()...)
+	}
+	if released || st == nil {
+		return ops, nil
+	}
+	if h.sem {
+		leave, _, err := leaveOps(st, h.session)
+		return append(ops, leave...), err
+	}
+	if hd, ok := st.holder(h.session); ok && hd.LockIndex == h.grant().LockIndex {
+		h.mu.Lock()
+		value := h.value
+		h.mu.Unlock()
+		ops = append(ops, unlockOps(h.spec.Key, h.session, value, h.del)...)
+	}
+	return ops, nil
+}
+
+// maxWriteAttempts bounds the check-and-set rounds of a release or clean
+// up; a busy semaphore's `.lock` can take a few dozen.
+const maxWriteAttempts = 50
+
+// backoff sleeps a little, more after more failed attempts, with jitter
+// so that contenders on one `.lock` spread out.
+func backoff(ctx context.Context, attempt int) {
+	d := time.Duration(1+rand.IntN(1+min(attempt, 10))) * time.Millisecond
+	sleep(ctx, d)
+}
+
+// destroy destroys the hold's session.
+func (h *hold) destroy(ctx context.Context) {
+	if err := h.b.store.DestroySession(ctx, h.session); err != nil {
+		h.b.log.Warn("cannot destroy session; it expires with its TTL", zap.String("session", h.session), zap.Error(err))
+	}
+}
+
+// abandon cleans up after a request that never got its grant: its
+// contender entry and, for a session the broker made for it, the session.
+// A resumed session that could not be re-attached is not ours: nothing is
+// done to it.
+func (h *hold) abandon() {
+	if h.spec.Resume != nil {
+		return
+	}
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	// Destroy first: a contender write the cancelled request left in flight
+	// fails once the session is gone, so the removal below is final.
+	if h.owned {
+		h.destroy(ctx)
+	}
+	if !h.sem || h.session == "" {
+		return
+	}
+	for attempt := range maxWriteAttempts {
+		backoff(ctx, attempt)
+		st, err := h.b.readState(ctx, h.spec.Key)
+		if err != nil {
+			return
+		}
+		ops, _, err := leaveOps(st, h.session)
+		if err != nil || len(ops) == 0 {
+			return
+		}
+		if _, err := h.b.store.Txn(ctx, ops); asTxnError(err) == nil {
+			return
+		}
+	}
+}

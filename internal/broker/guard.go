@@ -1,0 +1,66 @@
+package broker
+
+import (
+	"context"
+	"sync/atomic"
+)
+
+// guardEvery: guards are checked every guardEvery sweeps (about once a
+// second with the default sweep interval).
+const guardEvery = 3
+
+// guard watches one key's ModifyIndex (a session record) for a hold: when
+// the sweeper finds the key moved, it signals moved and the hold reads the
+// record. Guards cost one check op per broker-owned hold every guardEvery
+// sweeps, batched like the sweep's.
+type guard struct {
+	key   string
+	index atomic.Uint64
+	moved chan struct{}
+}
+
+func (h *hub) addGuard(key string, index uint64) *guard {
+	g := &guard{key: key, moved: make(chan struct{}, 1)}
+	g.index.Store(index)
+	h.mu.Lock()
+	h.guards[g] = struct{}{}
+	h.mu.Unlock()
+	return g
+}
+
+func (h *hub) removeGuard(g *guard) {
+	h.mu.Lock()
+	delete(h.guards, g)
+	h.mu.Unlock()
+}
+
+// checkGuards checks every guard with read-only transactions and signals
+// those whose key moved.
+func (h *hub) checkGuards(ctx context.Context) {
+	h.mu.Lock()
+	var batches [][]Op
+	var owners [][]*guard
+	var batch []Op
+	var own []*guard
+	for g := range h.guards {
+		if len(batch) == MaxTxnOps {
+			batches, owners = append(batches, batch), append(owners, own)
+			batch, own = nil, nil
+		}
+		batch = append(batch, Op{Verb: OpCheckIndex, Key: g.key, Index: g.index.Load()})
+		own = append(own, g)
+	}
+	h.mu.Unlock()
+	if len(batch) > 0 {
+		batches, owners = append(batches, batch), append(owners, own)
+	}
+	failed := h.failing(ctx, batches)
+	for i, ops := range failed {
+		for _, op := range ops {
+			select {
+			case owners[i][op].moved <- struct{}{}:
+			default:
+			}
+		}
+	}
+}

@@ -1,0 +1,189 @@
+package broker
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// hold is one Acquire from request to end. Its outcome is decided by its
+// Lifecycle; everything else here carries out that decision.
+type hold struct {
+	b    *Broker
+	spec AcquireSpec
+	send func(Event) error
+	life *Lifecycle
+
+	session string
+	owned   bool // the broker renews and destroys the session
+	del     bool // the session has DELETE behavior
+	ttl     time.Duration
+	start   time.Time // when the session was created or last renewed
+	sem     bool
+	limit   uint32
+
+	sub   *sub
+	ren   *renewer
+	guard *guard // the session record's index, checked by the sweeper
+
+	mu  sync.Mutex
+	rec *record   // the session's record as last written or read
+	seq Sequencer // the grant, once held
+	// value is the holder's value as last seen in Consul (SetValue may
+	// change it); an unlock writes it back unchanged.
+	value []byte
+}
+
+// Acquire runs one hold: it waits for the key, reports the grant, keeps the
+// session alive and watches for loss until ctx ends, the hold is released,
+// or it is lost. Events go to send; an error from send ends the hold. It
+// returns nil after `lost` or `released`, ctx's error when the caller went
+// away, and a domain error when the key could not be held.
+func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event) error) error {
+	if !b.enter() {
+		return newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
+	}
+	defer b.holds.Done()
+	h := b.newHold(spec, send)
+	if err := h.openSession(ctx); err != nil {
+		return err
+	}
+	h.sub = b.hub.subscribe(spec.Key)
+	defer h.sub.close()
+
+	rctx, stopRenew := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stopRenew(); wg.Wait() }()
+	if h.owned {
+		h.ren = newRenewer(b.store, h.session, h.ttl, h.start)
+		wg.Go(func() { h.ren.run(rctx) })
+	}
+
+	seq, resumed, err := h.obtain(ctx)
+	if err == nil && !h.life.Grant() {
+		err = ctx.Err()
+	}
+	if err != nil {
+		h.life.End(Outcome{Kind: OutcomeFailed})
+		h.abandon()
+		return err
+	}
+	h.setGrant(seq)
+	b.register(h)
+	defer b.unregister(h)
+	if h.owned {
+		h.guard = b.hub.addGuard(recordKey(h.session), h.record().index)
+		defer b.hub.removeGuard(h.guard)
+	} else {
+		h.guard = &guard{} // never fires
+	}
+	if err := send(Event{Kind: EventAcquired, Sequencer: *seq, GuaranteedFor: h.guaranteed(), Resumed: resumed}); err != nil {
+		h.life.End(Outcome{Kind: OutcomeCanceled})
+	}
+	return h.keep(ctx)
+}
+
+func (b *Broker) newHold(spec AcquireSpec, send func(Event) error) *hold {
+	sem := spec.Semaphore || spec.Limit > 1
+	return &hold{b: b, spec: spec, send: send, life: NewLifecycle(), sem: sem, limit: max(spec.Limit, 1), value: spec.Value}
+}
+
+// setGrant records the grant and asks to be woken by the first listing
+// that includes it.
+func (h *hold) setGrant(seq *Sequencer) {
+	h.mu.Lock()
+	h.seq = *seq
+	h.mu.Unlock()
+	h.sub.want(seq.Token)
+	h.sub.refresh()
+}
+
+func (h *hold) grant() Sequencer {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.seq
+}
+
+// openSession creates, checks or (for a resume) renews the hold's session.
+// A new session is created on a context of its own: a stream cancelled
+// while Consul creates it must not leave it behind.
+func (h *hold) openSession(ctx context.Context) error {
+	s := h.spec
+	switch {
+	case s.Resume != nil:
+		return h.openResumed(ctx)
+	case s.SessionID != "":
+		info, err := h.b.store.Session(ctx, s.SessionID)
+		if err != nil {
+			return sessionError(err, s.SessionID)
+		}
+		h.session, h.ttl, h.del = info.ID, info.TTL, info.Delete
+		rec, err := h.b.readRecord(ctx, h.session)
+		if err != nil {
+			return err
+		}
+		h.rec = rec
+		return nil
+	}
+	spec := withDefaults(s.NewSession)
+	if err := validateSpec(spec); err != nil {
+		return err
+	}
+	cctx, cancel := cleanupContext()
+	defer cancel()
+	h.start = time.Now()
+	id, err := h.b.store.CreateSession(cctx, spec)
+	if err != nil {
+		return err
+	}
+	h.session, h.owned, h.ttl, h.del = id, true, spec.TTL, spec.Delete
+	h.rec = newRecord(id, h.b.id)
+	h.rec.Delete = spec.Delete
+	if ctx.Err() != nil {
+		h.destroy(cctx)
+		return ctx.Err()
+	}
+	return nil
+}
+
+// guaranteed is how long the hold is safe from now (0 when unknown).
+func (h *hold) guaranteed() time.Duration {
+	if h.ren == nil {
+		return 0
+	}
+	return max(time.Until(h.ren.safeUntil()), 0)
+}
+
+// obtain waits for the grant (or re-attaches a resumed one).
+func (h *hold) obtain(ctx context.Context) (*Sequencer, bool, error) {
+	if h.spec.Resume != nil {
+		seq, err := h.resume(ctx)
+		return seq, true, err
+	}
+	seq, err := h.wait(ctx)
+	return seq, false, err
+}
+
+func (h *hold) tryOnce() bool { return !h.spec.WaitForever && h.spec.Wait == 0 }
+
+// record returns the hold's record as last known.
+func (h *hold) record() *record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rec
+}
+
+func (h *hold) setRecord(r *record) {
+	h.mu.Lock()
+	h.rec = r
+	h.mu.Unlock()
+	if h.guard != nil {
+		h.guard.index.Store(r.index)
+	}
+}
+
+// cleanupContext is for work that must finish after the caller's context
+// ended (releasing a hold whose stream was cancelled).
+func cleanupContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 10*time.Second)
+}

@@ -1,0 +1,276 @@
+package broker
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Watch sharing and the Consul connection budget.
+//
+// Every hold, waiter and observer of a key subscribes to the key, and all
+// subscribers of one key on a replica share one keyWatch. A keyWatch
+// learns of changes in one of two ways:
+//
+//   - dedicated: its own Consul blocking query (a listing of the key and
+//     everything under it). At most maxDedicated run at once per replica:
+//     a hard cap, so that blocking queries plus renewals and writes stay
+//     under Consul's http_max_conns_per_client (200) with room for a
+//     second replica, and consulstore gives renewals and writes their own
+//     connections besides.
+//   - swept: every other watched key is checked by the sweeper, every
+//     sweepInterval, with read-only transactions of check-index and
+//     check-not-exists ops on the entries it last saw (up to MaxTxnOps per
+//     transaction, no Raft write). Consul lists every failing check, so
+//     one transaction covers ~60-120 keys and only changed keys are read
+//     again. 10,000 keys cost ~100 read-only transactions per sweep,
+//     however they are spread over prefixes: no query ever lists more
+//     than one key's own entries, and none lists the whole KV store.
+//
+// Keys are dedicated first come, first served; a dedicated watch nobody
+// needs any more lingers until its query returns (Consul keeps serving an
+// abandoned blocking query, and its connection, until its wait time ends)
+// and is reused if its key is wanted again.
+const (
+	DefaultMaxBlocking   = 32
+	DefaultSweepInterval = 300 * time.Millisecond
+	// sweepParallel bounds the sweeper's transactions in flight.
+	sweepParallel = 4
+	// maxSweptEntries: a key with more entries under it is re-listed every
+	// sweep instead of checked entry by entry.
+	maxSweptEntries = 32
+)
+
+// hub shares change notification among the subscribers of each key.
+type hub struct {
+	store         Store
+	log           *zap.Logger
+	maxDedicated  int
+	sweepInterval time.Duration
+
+	mu        sync.Mutex
+	watches   map[string]*keyWatch
+	dedicated int // running dedicated queries, lingering ones included
+	guards    map[*guard]struct{}
+	kick      chan struct{}
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+func newHub(store Store, log *zap.Logger, maxDedicated int, sweepInterval time.Duration) *hub {
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &hub{
+		store: store, log: log, maxDedicated: maxDedicated, sweepInterval: sweepInterval,
+		watches: make(map[string]*keyWatch), guards: make(map[*guard]struct{}), kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+	}
+	h.wg.Go(func() { h.sweep(ctx) })
+	return h
+}
+
+// keyWatch holds the newest listing of one key and its subscribers.
+type keyWatch struct {
+	h         *hub
+	key       string
+	dedicated bool
+
+	mu      sync.Mutex
+	entries []*Entry // at key and under key/, sorted by key
+	index   uint64
+	ready   bool
+	stale   bool // swept: re-list at the next sweep
+	subs    map[*sub]struct{}
+	delays  map[string]time.Duration // lock-delay of holder sessions
+}
+
+// sub is one subscriber of a key. It keeps only a wake-up signal and a
+// counter of the states it did not read, so a slow reader costs nothing.
+type sub struct {
+	kw        *keyWatch
+	wake      chan struct{}
+	fp        fingerprint // of the key's entries at the last publication
+	need      uint64      // wake once the listing reaches this index (see want)
+	woke      uint64      // listing index of the last wake-up
+	seen      uint64      // publications so far
+	read      uint64      // publications up to the last read
+	closeOnce sync.Once
+}
+
+// fingerprint summarises a key's entries to tell whether they changed.
+type fingerprint struct{ n, max, sum uint64 }
+
+// subscribe returns a subscription to key, starting a watch if needed.
+func (h *hub) subscribe(key string) *sub {
+	h.mu.Lock()
+	kw := h.watches[key]
+	if kw == nil {
+		kw = &keyWatch{h: h, key: key, stale: true, subs: make(map[*sub]struct{}), delays: make(map[string]time.Duration)}
+		h.watches[key] = kw
+		if h.dedicated < h.maxDedicated {
+			kw.dedicated = true
+			h.dedicated++
+			h.wg.Go(func() { kw.run(h.ctx) })
+		} else {
+			h.kickLocked()
+		}
+	}
+	s := &sub{kw: kw, wake: make(chan struct{}, 1)}
+	kw.mu.Lock()
+	kw.subs[s] = struct{}{}
+	if kw.ready {
+		s.fp = fingerprintOf(kw.entries)
+		s.seen = 1
+		s.wake <- struct{}{}
+	}
+	kw.mu.Unlock()
+	h.mu.Unlock()
+	return s
+}
+
+func (h *hub) kickLocked() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+// close ends the subscription. An idle swept watch is dropped by the
+// sweeper; an idle dedicated one when its query returns.
+func (s *sub) close() {
+	s.closeOnce.Do(func() {
+		s.kw.mu.Lock()
+		delete(s.kw.subs, s)
+		s.kw.mu.Unlock()
+	})
+}
+
+// want asks for a wake-up once the listing reaches index, even if the
+// key's entries then look the same as before: a key created and deleted
+// between two listings (a grant and its loss) leaves no trace in them.
+func (s *sub) want(index uint64) {
+	s.kw.mu.Lock()
+	s.need = index
+	s.kw.mu.Unlock()
+}
+
+// state returns the key's newest state (nil before the first read) and
+// how many publications were skipped since the previous call.
+func (s *sub) state() (*State, uint64) {
+	entries, index, skipped, ok := s.listing()
+	if !ok {
+		return nil, 0
+	}
+	return deriveState(s.kw.key, entries, index), skipped
+}
+
+// listing returns the newest entries at and under the key, their index,
+// and how many publications were skipped since the previous read.
+func (s *sub) listing() (entries []*Entry, index, skipped uint64, ready bool) {
+	kw := s.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if !kw.ready {
+		return nil, 0, 0, false
+	}
+	if s.seen > s.read+1 {
+		skipped = s.seen - s.read - 1
+	}
+	s.read = s.seen
+	return kw.entries, kw.index, skipped, true
+}
+
+// refresh asks for the key to be read again at the next sweep (a swept
+// key whose holder changed it through this replica).
+func (s *sub) refresh() {
+	kw := s.kw
+	if kw.dedicated {
+		return
+	}
+	kw.mu.Lock()
+	kw.stale = true
+	kw.mu.Unlock()
+	kw.h.mu.Lock()
+	kw.h.kickLocked()
+	kw.h.mu.Unlock()
+}
+
+// holderDelay returns the lock-delay of a holder's session, read once per
+// watch and shared by its waiters; ok is false when it cannot be read.
+func (s *sub) holderDelay(ctx context.Context, session string) (time.Duration, bool) {
+	kw := s.kw
+	kw.mu.Lock()
+	d, ok := kw.delays[session]
+	kw.mu.Unlock()
+	if ok {
+		return d, true
+	}
+	info, err := kw.h.store.Session(ctx, session)
+	if err != nil {
+		return 0, false
+	}
+	kw.mu.Lock()
+	if len(kw.delays) > 1024 {
+		clear(kw.delays)
+	}
+	kw.delays[session] = info.LockDelay
+	kw.mu.Unlock()
+	return info.LockDelay, true
+}
+
+// under keeps the entries at key or under key/ (a listing of prefix key
+// also returns siblings such as key2), sorted by key.
+func under(key string, entries []*Entry) []*Entry {
+	out := entries[:0:0]
+	for _, e := range entries {
+		if e.Key == key || (len(e.Key) > len(key) && strings.HasPrefix(e.Key, key) && e.Key[len(key)] == '/') {
+			out = append(out, e)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+func fingerprintOf(entries []*Entry) fingerprint {
+	var fp fingerprint
+	for _, e := range entries {
+		fp.n++
+		fp.max = max(fp.max, e.ModifyIndex)
+		fp.sum += e.ModifyIndex
+	}
+	return fp
+}
+
+// publish stores a new listing and wakes the subscribers (all of them on
+// the first listing, else those whose wake condition holds).
+func (kw *keyWatch) publish(entries []*Entry, index uint64) {
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if kw.ready && index < kw.index && index != 0 {
+		return // older than what we have (a slow read raced a newer one)
+	}
+	first := !kw.ready
+	kw.entries, kw.index, kw.ready, kw.stale = entries, index, true, false
+	fp := fingerprintOf(entries)
+	for s := range kw.subs {
+		due := s.need > 0 && s.woke < s.need && index >= s.need
+		if !first && fp == s.fp && !due {
+			continue
+		}
+		s.fp, s.woke = fp, index
+		s.seen++
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// close stops every watch and waits for them.
+func (h *hub) close() {
+	h.cancel()
+	h.wg.Wait()
+}

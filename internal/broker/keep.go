@@ -1,0 +1,195 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// lossReadTimeout bounds the reads that tell a loss's reason; without an
+// answer in time the loss is reported with the reason the state shows.
+const lossReadTimeout = 500 * time.Millisecond
+
+// keep holds the grant until its outcome is decided, then carries it out.
+// It returns nil after `lost` or `released`, and ctx's error when the
+// client went away.
+func (h *hold) keep(ctx context.Context) error {
+	var renewed <-chan time.Time
+	var failed <-chan error
+	deadline := time.NewTimer(time.Hour)
+	defer deadline.Stop()
+	deadline.Stop()
+	if h.ren != nil {
+		renewed, failed = h.ren.renewed, h.ren.failed
+		deadline.Reset(time.Until(h.ren.safeUntil()))
+	}
+	for {
+		select {
+		case <-h.life.Done():
+			o, _ := h.life.Outcome()
+			return h.conclude(ctx, o)
+		case <-ctx.Done():
+			h.life.End(Outcome{Kind: OutcomeCanceled})
+		case <-h.b.shutdown:
+			h.life.End(Outcome{Kind: OutcomeShutdown})
+		case d := <-renewed:
+			deadline.Reset(time.Until(d))
+			if h.send(Event{Kind: EventKeepalive, GuaranteedFor: max(time.Until(d), 0), Sequencer: h.grant()}) != nil {
+				h.life.End(Outcome{Kind: OutcomeCanceled})
+			}
+		case err := <-failed:
+			if errors.Is(err, ErrSessionNotFound) {
+				h.life.End(lost(LostSessionInvalidated, "the session no longer exists in Consul"))
+			} else {
+				h.life.End(lost(LostRenewalFailed, err.Error()))
+			}
+		case <-deadline.C:
+			h.life.End(lost(LostRenewalFailed, fmt.Sprintf("no session renewal succeeded within the TTL (%s) less the safety margin; giving the hold up before Consul may grant it to another", h.ttl)))
+		case <-h.sub.wake:
+			h.checkLoss(ctx)
+		case <-h.guard.moved:
+			h.checkOwner(ctx)
+		}
+	}
+}
+
+func lost(r LostReason, detail string) Outcome {
+	return Outcome{Kind: OutcomeLost, Reason: r, Detail: detail}
+}
+
+// checkLoss looks at the key's newest state. A loss is decided with the
+// reason the state and a bounded read of the session's record and release
+// marker show; a change that leaves the hold in place is checked for a
+// resume on another replica.
+func (h *hold) checkLoss(ctx context.Context) {
+	seq := h.grant()
+	st, _ := h.sub.state()
+	if st == nil || st.Index < seq.Token {
+		return // older than the grant
+	}
+	var isLost bool
+	var reason LostReason
+	var detail string
+	if h.sem {
+		isLost, reason, detail = semaphoreLoss(st, seq, h.limit)
+	} else {
+		isLost, reason, detail = lockLoss(st, seq)
+	}
+	if !isLost {
+		h.followValue(st)
+		return
+	}
+	if h.life.Phase() != PhaseHeld {
+		return // a release by this replica is in flight: it decides
+	}
+	rctx, cancel := context.WithTimeout(ctx, lossReadTimeout)
+	defer cancel()
+	h.life.End(h.lossOutcome(rctx, seq, lost(reason, detail)))
+}
+
+// followValue notes the hold's value as it now is in Consul (a SetValue
+// through any replica changes it; an unlock writes it back unchanged).
+func (h *hold) followValue(st *State) {
+	target := st.Key
+	if h.sem {
+		target = contenderKey(st.Key, h.session)
+	}
+	if e := st.entry(target); e != nil {
+		h.mu.Lock()
+		h.value = e.Value
+		h.mu.Unlock()
+	}
+}
+
+// checkOwner reads the session's record after the sweeper saw it move:
+// another replica that resumed the hold owns it now.
+func (h *hold) checkOwner(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, lossReadTimeout)
+	defer cancel()
+	rec, err := h.b.readRecord(rctx, h.session)
+	switch {
+	case err != nil:
+		return
+	case rec.index != 0 && rec.Owner != h.b.id:
+		h.life.End(Outcome{Kind: OutcomeResumed})
+	default:
+		h.guard.index.Store(rec.index)
+	}
+}
+
+// lossOutcome refines a loss with the session's record (one bounded
+// read): a record owned by another replica means the hold was resumed
+// there; a record no longer held by its session means the session ended;
+// a live record without the key means a Release (on another replica)
+// ended it. Without an answer in time the state's reason stands.
+func (h *hold) lossOutcome(ctx context.Context, seq Sequencer, o Outcome) Outcome {
+	rec, err := h.b.readRecord(ctx, seq.Session)
+	if err != nil {
+		return o
+	}
+	_, listed := rec.Holds[seq.Key]
+	switch {
+	case h.owned && rec.index != 0 && rec.Owner != h.b.id:
+		return Outcome{Kind: OutcomeResumed}
+	case rec.index == 0 || !rec.live:
+		return lost(LostSessionInvalidated, "the session was destroyed or invalidated in Consul ("+o.Detail+")")
+	case !listed:
+		return Outcome{Kind: OutcomeReleased}
+	}
+	return o
+}
+
+// conclude carries out the outcome: tell the client first, then clean up
+// in Consul (fenced by the session's record).
+func (h *hold) conclude(ctx context.Context, o Outcome) error {
+	seq := h.grant()
+	switch o.Kind {
+	case OutcomeReleased:
+		err := h.send(Event{Kind: EventReleased, Sequencer: seq})
+		h.finish(true)
+		return err
+	case OutcomeCanceled:
+		h.finish(false)
+		return ctx.Err()
+	case OutcomeResumed:
+		h.b.log.Info("hold resumed on another replica", zap.String("key", seq.Key), zap.String("session", seq.Session))
+		return h.sendLost(LostResumedElsewhere, "the hold was resumed on another broker replica; this stream ends without touching it")
+	case OutcomeShutdown:
+		err := h.sendLost(LostBrokerShutdown, fmt.Sprintf("the broker is shutting down; resume the hold on another replica with this sequencer within its TTL (%s)", h.ttl))
+		h.drain(ctx)
+		return err
+	}
+	h.b.log.Info("hold lost", zap.String("key", seq.Key), zap.String("session", seq.Session), zap.Int("reason", int(o.Reason)), zap.String("detail", o.Detail))
+	err := h.sendLost(o.Reason, o.Detail)
+	if o.Reason == LostRenewalFailed {
+		// Consul is unreachable: clean up in the background, briefly.
+		h.b.holds.Add(1)
+		go func() { defer h.b.holds.Done(); h.finish(false) }()
+		return err
+	}
+	h.finish(false)
+	return err
+}
+
+func (h *hold) sendLost(r LostReason, detail string) error {
+	if mutantNoLossNotice {
+		return nil
+	}
+	return h.send(Event{Kind: EventLost, Reason: r, Detail: detail, Sequencer: h.grant()})
+}
+
+// drain keeps a hold whose broker is shutting down until the client has
+// had the drain time to resume it elsewhere (or closed the stream), then
+// releases it unless it was resumed: the record's guard decides.
+func (h *hold) drain(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-h.b.drained:
+	}
+	if !h.b.abandoning() {
+		h.finish(false)
+	}
+}

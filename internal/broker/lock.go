@@ -1,0 +1,152 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+)
+
+// Sequencer identifies one grant.
+type Sequencer struct {
+	Key       string
+	Session   string
+	LockIndex uint64
+	Token     uint64
+	Kind      Kind
+}
+
+// tryLock makes one attempt to take the lock, based on st (a recent state
+// of the key). It returns the grant; (nil, nil) when the lock is busy;
+// errRace when the state changed under the attempt; errLockDelay; or a
+// final error. The granting transaction also writes the session's record,
+// whose guard fails the attempt if the record moved.
+func (h *hold) tryLock(ctx context.Context, st *State) (*Sequencer, error) {
+	key := h.spec.Key
+	if err := lockConflict(st); err != nil {
+		return nil, err
+	}
+	if hd, ok := st.holder(h.session); ok {
+		// Already held by this session (a client-owned session): its
+		// current grant, as api.Lock would answer.
+		return &Sequencer{Key: key, Session: h.session, LockIndex: hd.LockIndex, Token: h.currentToken(st, hd), Kind: KindLock}, nil
+	}
+	if len(st.Holders) > 0 {
+		return nil, nil
+	}
+	var ops []Op
+	if st.lock == nil {
+		ops = append(ops, Op{Verb: OpCheckNotExists, Key: key}, Op{Verb: OpCheckNotExists, Key: key + semLockSuffix})
+	} else {
+		ops = append(ops, Op{Verb: OpCheckIndex, Key: key, Index: st.lock.ModifyIndex})
+	}
+	rec := h.record()
+	next := rec.next()
+	next.Holds[key] = 0
+	recAt := len(ops)
+	ops = append(ops, rec.writeOps(next)...)
+	ops = append(ops, Op{Verb: OpLock, Key: key, Value: h.spec.Value, Flags: LockFlagValue, Session: h.session})
+	res, err := h.b.store.Txn(ctx, ops)
+	if err != nil {
+		return nil, h.txnFailure(ctx, err, recAt)
+	}
+	e := res[len(res)-1]
+	if e == nil {
+		return nil, fmt.Errorf("consul returned no entry for the lock of %q", key)
+	}
+	next.index, next.live = e.ModifyIndex, true
+	h.setRecord(next)
+	return &Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}, nil
+}
+
+// lockConflict says why st cannot be locked.
+func lockConflict(st *State) error {
+	switch {
+	case st.Kind == KindForeign:
+		return newError(ErrConflict, ReasonForeignFlags, "key %q holds flags %#x, not a lock's (%#x)", st.Key, st.lock.Flags, LockFlagValue).withState(st)
+	case st.Kind == KindSemaphore:
+		return newError(ErrConflict, ReasonLimitConflict, "key %q is a semaphore prefix (limit %d); acquire it as a semaphore with that limit", st.Key, st.Limit).withState(st)
+	case st.semLock != nil:
+		return newError(ErrConflict, ReasonForeignFlags, "key %q has a %q entry with flags %#x that is not a semaphore's", st.Key, st.semLock.Key, st.semLock.Flags).withState(st)
+	}
+	return nil
+}
+
+// currentToken is the token of hd's current grant of st's key: from the
+// session's record when the broker made the grant, else Consul's best
+// answer (the entry's ModifyIndex).
+func (h *hold) currentToken(st *State, hd Holder) uint64 {
+	if t := h.record().token(st.Key); t > 0 {
+		return t
+	}
+	return hd.Token
+}
+
+// txnFailure classifies a failed grant attempt: a session that no longer
+// exists ends the request at once; a moved record is read again; every
+// other failed check is a race.
+func (h *hold) txnFailure(ctx context.Context, err error, recAt int) error {
+	te := asTxnError(err)
+	switch {
+	case te == nil:
+		return err
+	case te.Has(TxnSessionInvalid):
+		if h.owned {
+			return newError(ErrAborted, ReasonSessionLost, "the request's session %s was invalidated while it waited", h.session)
+		}
+		return sessionError(ErrSessionNotFound, h.session)
+	case te.Has(TxnLockDelay):
+		return errLockDelay
+	}
+	if te.Failed(recAt) {
+		rec, rerr := h.b.readRecord(ctx, h.session)
+		if rerr != nil {
+			return rerr
+		}
+		if h.owned && rec.Owner != h.b.id && rec.index != 0 {
+			return newError(ErrAborted, ReasonSessionLost, "the request's session %s is now owned by another replica", h.session)
+		}
+		h.setRecord(rec)
+	}
+	return errRace
+}
+
+// sessionError is a NOT_FOUND for session.
+func sessionError(err error, session string) error {
+	if e, ok := err.(*Error); ok {
+		return e
+	}
+	if isNotFound(err) {
+		return newError(ErrSessionNotFound, ReasonSessionNotFound, "session %s does not exist (expired or destroyed)", session)
+	}
+	return err
+}
+
+// lockLoss says whether st shows the lock hold seq lost, and why.
+func lockLoss(st *State, seq Sequencer) (lost bool, reason LostReason, detail string) {
+	switch {
+	case st.Kind == KindNone:
+		return true, LostDeletedByOther, "the lock key was deleted"
+	case st.Kind != KindLock:
+		return true, LostDeletedByOther, "the lock key was overwritten by another writer"
+	case len(st.Holders) == 0:
+		return true, LostReleasedByOther, "the lock key was released"
+	case st.Holders[0].Session != seq.Session || st.Holders[0].LockIndex != seq.LockIndex:
+		return true, LostReleasedByOther, fmt.Sprintf("the lock is now held by session %s", st.Holders[0].Session)
+	}
+	return false, 0, ""
+}
+
+// unlockOps releases the lock at key held by session. With del (a session
+// with DELETE behavior) the key is deleted instead, as Consul would do when
+// the session ends; neither triggers a lock-delay.
+func unlockOps(key, session string, value []byte, del bool) []Op {
+	if del {
+		return []Op{
+			{Verb: OpCheckSession, Key: key, Session: session},
+			{Verb: OpDelete, Key: key},
+		}
+	}
+	return []Op{
+		{Verb: OpCheckSession, Key: key, Session: session},
+		{Verb: OpUnlock, Key: key, Value: value, Flags: LockFlagValue, Session: session},
+	}
+}

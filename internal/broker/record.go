@@ -1,0 +1,139 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+)
+
+// The broker's own keys. Tenants can never use this prefix.
+const (
+	// BrokerPrefix is the root of every key the broker writes for itself.
+	BrokerPrefix = "lockbroker/"
+	// recordPrefix holds one record per session the broker made a grant
+	// for: lockbroker/sessions/<session id>.
+	recordPrefix = BrokerPrefix + "sessions/"
+)
+
+func recordKey(session string) string { return recordPrefix + session }
+
+// record is what Consul knows about a session the broker granted holds
+// to. It is the one place every replica agrees on:
+//   - Owner: the replica that renews a broker-owned session ("" for a
+//     client-owned one). Every write a replica makes for a broker-owned
+//     session is conditioned, in the same transaction, on the record's
+//     index, and a resume moves Owner by check-and-set: a late or paused
+//     replica can change nothing after a resume.
+//   - Holds: the fencing token of each grant the session holds, by key.
+//     A token of 0 means "this record's own ModifyIndex": the granting
+//     transaction writes the record, so both get the grant's Raft index.
+//     A Release (on any replica) drops the key in the releasing
+//     transaction, so a hold that sees its key released tells a Release
+//     (the key gone from a live record: `released`) from a loss.
+//
+// The record entry is acquired by its session, so Consul releases (or
+// deletes) it when the session ends; a record whose entry has no session
+// is garbage.
+type record struct {
+	Owner  string `json:"owner,omitempty"`
+	Tenant string `json:"tenant,omitempty"`
+	// Delete: the session has DELETE behavior (a release deletes the key).
+	Delete bool `json:"delete,omitempty"`
+	// Prev is the index of the record this one replaced. Consul skips a
+	// write that changes nothing (the ModifyIndex stays), so every write of
+	// a record must differ from the last: a grant that re-adds the same
+	// pending token would otherwise get no index of its own.
+	Prev  uint64            `json:"prev,omitempty"`
+	Holds map[string]uint64 `json:"holds"`
+
+	session string // the session id (from the key)
+	index   uint64 // the entry's ModifyIndex; 0 when there is no record
+	live    bool   // the entry is still acquired by its session
+}
+
+// newRecord is an absent record for session.
+func newRecord(session, owner string) *record {
+	return &record{session: session, Owner: owner, Holds: map[string]uint64{}}
+}
+
+// decodeRecord reads a record entry; a malformed body counts as empty.
+func decodeRecord(session string, e *Entry) *record {
+	r := newRecord(session, "")
+	if e == nil {
+		return r
+	}
+	_ = json.Unmarshal(e.Value, r)
+	if r.Holds == nil {
+		r.Holds = map[string]uint64{}
+	}
+	r.index, r.live = e.ModifyIndex, e.Session == session
+	return r
+}
+
+// token is the fencing token of the session's grant of key, or 0.
+func (r *record) token(key string) uint64 {
+	t, ok := r.Holds[key]
+	if !ok {
+		return 0
+	}
+	if t == 0 {
+		return r.index
+	}
+	return t
+}
+
+// next returns a copy to write: pending tokens (0) become the index of
+// the write that made them, which is the record's index now.
+func (r *record) next() *record {
+	n := *r
+	n.Prev = r.index
+	n.Holds = maps.Clone(r.Holds)
+	for k, t := range n.Holds {
+		if t == 0 {
+			n.Holds[k] = r.index
+		}
+	}
+	return &n
+}
+
+// guard is the op that conditions a transaction on the record being as
+// read.
+func (r *record) guard() Op {
+	if r.index == 0 {
+		return Op{Verb: OpCheckNotExists, Key: recordKey(r.session)}
+	}
+	return Op{Verb: OpCheckIndex, Key: recordKey(r.session), Index: r.index}
+}
+
+// writeOps conditions on r and writes n (acquired by the session).
+func (r *record) writeOps(n *record) []Op {
+	body, _ := json.Marshal(n)
+	return []Op{r.guard(), {Verb: OpLock, Key: recordKey(r.session), Value: body, Session: r.session}}
+}
+
+// deleteOps conditions on r and deletes it.
+func (r *record) deleteOps() []Op {
+	if r.index == 0 {
+		return nil
+	}
+	return []Op{{Verb: OpDeleteCAS, Key: recordKey(r.session), Index: r.index}}
+}
+
+// readRecord reads session's record consistently.
+func (b *Broker) readRecord(ctx context.Context, session string) (*record, error) {
+	entries, _, err := b.store.List(ctx, recordKey(session), true)
+	if err != nil {
+		return nil, err
+	}
+	e, _ := findEntry(entries, recordKey(session))
+	return decodeRecord(session, e), nil
+}
+
+func findEntry(entries []*Entry, key string) (*Entry, bool) {
+	for _, e := range entries {
+		if e.Key == key {
+			return e, true
+		}
+	}
+	return nil, false
+}

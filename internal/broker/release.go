@@ -1,0 +1,225 @@
+package broker
+
+import (
+	"context"
+	"time"
+
+)
+
+// Release ends the hold of session on key, from any replica, and returns
+// once Consul committed it. With token > 0 it releases only that grant. It
+// returns false when the session does not hold the key any more and
+// nobody else does (idempotent), ErrSessionNotFound for an unknown
+// session, and ErrNotHolder when the session does not hold the key (or
+// not that grant) while someone does.
+func (b *Broker) Release(ctx context.Context, key, session string, token uint64) (bool, error) {
+	ok, err := b.releaseAny(ctx, key, session, token)
+	switch {
+	case ok:
+		b.noteReleased(key, session)
+	case isNotFound(err) && b.releasedRecently(key, session):
+		// A retry after success: the session is gone since (a
+		// broker-owned session is destroyed when its hold ends).
+		return false, nil
+	}
+	return ok, err
+}
+
+func (b *Broker) releaseAny(ctx context.Context, key, session string, token uint64) (bool, error) {
+	if h := b.lookup(key, session); h != nil {
+		if ok, err, done := h.release(ctx, token); done {
+			return ok, err
+		}
+	}
+	return b.releaseRemote(ctx, key, session, token)
+}
+
+// recentTTL is how long this replica remembers a release, so that a retry
+// of the same Release is answered OK even after the session is gone.
+const recentTTL = time.Minute
+
+func (b *Broker) noteReleased(key, session string) {
+	b.cacheMu.Lock()
+	defer b.cacheMu.Unlock()
+	now := time.Now()
+	if len(b.recent) > 10_000 {
+		for k, t := range b.recent {
+			if now.Sub(t) > recentTTL {
+				delete(b.recent, k)
+			}
+		}
+	}
+	b.recent[localKey(key, session)] = now
+}
+
+func (b *Broker) releasedRecently(key, session string) bool {
+	b.cacheMu.Lock()
+	defer b.cacheMu.Unlock()
+	t, ok := b.recent[localKey(key, session)]
+	return ok && time.Since(t) < recentTTL
+}
+
+// release releases a hold of this replica through its lifecycle. done is
+// false when the hold is not held any more (the remote path decides).
+func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
+	seq := h.grant()
+	if token != 0 && token != seq.Token {
+		return false, nil, false
+	}
+	if !h.life.BeginRelease() {
+		return false, nil, false
+	}
+	released := false
+	defer func() { h.life.EndRelease(released) }()
+	st, err := h.leaveState(ctx)
+	if err != nil {
+		return false, err, true
+	}
+	for attempt := range maxWriteAttempts {
+		ops, err := h.releaseOps(st)
+		if err != nil {
+			return false, err, true
+		}
+		res, err := h.b.store.Txn(ctx, ops)
+		if err == nil {
+			h.noteRecordWrite(res)
+			released = true
+			return true, nil, true
+		}
+		if asTxnError(err) == nil {
+			return false, err, true
+		}
+		backoff(ctx, attempt)
+		if st, err = h.b.readState(ctx, h.spec.Key); err != nil {
+			return false, err, true
+		}
+		rec, err := h.b.readRecord(ctx, h.session)
+		if err != nil {
+			return false, err, true
+		}
+		h.setRecord(rec)
+		if _, ok := st.holder(h.session); !ok {
+			return false, nil, false
+		}
+	}
+	return false, newError(ErrUnavailable, ReasonConsulUnavailable, "key %q changed under every release attempt; retry", h.spec.Key), true
+}
+
+// releaseOps release the hold on st, and drop it from the record.
+func (h *hold) releaseOps(st *State) ([]Op, error) {
+	rec := h.record()
+	next := rec.next()
+	delete(next.Holds, h.spec.Key)
+	ops := rec.writeOps(next)
+	if h.sem {
+		if st == nil {
+			return nil, newError(ErrUnavailable, ReasonConsulUnavailable, "state of %q not known yet; retry", h.spec.Key)
+		}
+		leave, _, err := leaveOps(st, h.session)
+		return append(ops, leave...), err
+	}
+	h.mu.Lock()
+	value := h.value
+	h.mu.Unlock()
+	return append(ops, unlockOps(h.spec.Key, h.session, value, h.del)...), nil
+}
+
+// noteRecordWrite keeps the record index a successful release wrote
+// (ops 0 and 1 are the record's guard and write).
+func (h *hold) noteRecordWrite(res []*Entry) {
+	if len(res) < 2 || res[1] == nil {
+		return
+	}
+	rec := h.record().next()
+	delete(rec.Holds, h.spec.Key)
+	rec.index, rec.live = res[1].ModifyIndex, true
+	h.setRecord(rec)
+}
+
+// releaseRemote releases a hold whose stream is not on this replica (or
+// has none). The releasing transaction drops the key from the session's
+// record, which tells the stream, wherever it is, that a Release ended it.
+func (b *Broker) releaseRemote(ctx context.Context, key, session string, token uint64) (bool, error) {
+	for attempt := range maxWriteAttempts {
+		if attempt > 0 {
+			backoff(ctx, attempt)
+		}
+		st, err := b.readState(ctx, key)
+		if err != nil {
+			return false, err
+		}
+		rec, err := b.readRecord(ctx, session)
+		if err != nil {
+			return false, err
+		}
+		hd, holds := st.holder(session)
+		if !holds {
+			return false, b.notHolder(ctx, st, session)
+		}
+		if token != 0 && rec.token(key) != token && !(rec.token(key) == 0 && hd.Token == token) {
+			return false, newError(ErrNotHolder, ReasonNotHolder, "session %s holds %q with another grant than token %d", session, key, token).withState(st)
+		}
+		ops, err := b.remoteReleaseOps(ctx, st, rec, hd, session)
+		if err != nil {
+			return false, err
+		}
+		_, err = b.store.Txn(ctx, ops)
+		if te := asTxnError(err); te != nil {
+			if te.Has(TxnSessionInvalid) {
+				return false, sessionError(ErrSessionNotFound, session)
+			}
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	return false, newError(ErrUnavailable, ReasonConsulUnavailable, "key %q changed under every release attempt; retry", key)
+}
+
+// remoteReleaseOps release hd's hold on st and drop it from the record.
+func (b *Broker) remoteReleaseOps(ctx context.Context, st *State, rec *record, hd Holder, session string) ([]Op, error) {
+	var ops []Op
+	if rec.index != 0 && rec.live {
+		next := rec.next()
+		delete(next.Holds, st.Key)
+		ops = append(ops, rec.writeOps(next)...)
+	}
+	if st.Kind == KindSemaphore {
+		leave, _, err := leaveOps(st, session)
+		if err != nil {
+			return nil, err
+		}
+		ops = append(ops, leave...)
+	} else {
+		del := rec.Delete
+		if rec.index == 0 {
+			info, err := b.store.Session(ctx, session)
+			if err != nil {
+				return nil, sessionError(err, session)
+			}
+			del = info.Delete
+		}
+		ops = append(ops, unlockOps(st.Key, session, hd.Value, del)...)
+	}
+	return ops, nil
+}
+
+// notHolder is Release's answer when session does not hold st's key:
+// NOT_FOUND for an unknown session, OK (nothing to do) when nobody holds
+// it, else NOT_HOLDER with the holders.
+func (b *Broker) notHolder(ctx context.Context, st *State, session string) error {
+	if _, err := b.store.Session(ctx, session); err != nil {
+		return sessionError(err, session)
+	}
+	if st.Kind == KindNone && !b.releasedRecently(st.Key, session) {
+		return newError(ErrNotHolder, ReasonNotHolder, "session %s does not hold %q: there is no lock or semaphore there", session, st.Key).withState(st)
+	}
+	if len(st.Holders) == 0 {
+		return nil
+	}
+	b.fillTokens(ctx, st)
+	return newError(ErrNotHolder, ReasonNotHolder, "session %s does not hold %q; %s", session, st.Key, describeHolders(st)).withState(st)
+}
+

@@ -1,0 +1,98 @@
+package broker
+
+import (
+	"context"
+	"time"
+)
+
+// openResumed renews the session of a hold to resume: the replica that
+// renewed it last is gone, so only a renewal of our own tells how long it
+// is safe.
+func (h *hold) openResumed(ctx context.Context) error {
+	s := h.spec.Resume
+	if s.Key != h.spec.Key {
+		return invalid("resume.key", "%q differs from key %q", s.Key, h.spec.Key)
+	}
+	h.start = time.Now()
+	info, err := h.b.store.RenewSession(ctx, s.Session)
+	if err != nil {
+		return sessionError(err, s.Session)
+	}
+	h.session, h.owned, h.ttl, h.del = info.ID, true, info.TTL, info.Delete
+	return nil
+}
+
+// resume re-attaches a hold made on another replica: it checks, with
+// consistent reads, that the sequencer is still the session's current
+// grant and that the session is broker-owned, then moves the record's
+// owner to this replica by check-and-set, in one transaction with a check
+// that the hold's entry did not move. The old replica's writes are all
+// conditioned on the record, so from then on it can change nothing; its
+// sweeper notices the record moved (guards), and its stream ends with
+// RESUMED_ELSEWHERE.
+func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
+	seq := *h.spec.Resume
+	for range 5 {
+		st, err := h.b.readState(ctx, seq.Key)
+		if err != nil {
+			return nil, err
+		}
+		rec, err := h.b.readRecord(ctx, seq.Session)
+		if err != nil {
+			return nil, err
+		}
+		if err := resumable(st, rec, seq, h.sem, h.limit); err != nil {
+			return nil, err
+		}
+		target := seq.Key
+		if st.Kind == KindSemaphore {
+			target = contenderKey(seq.Key, seq.Session)
+		}
+		e := st.entry(target)
+		next := rec.next()
+		next.Owner = h.b.id
+		ops := append(rec.writeOps(next),
+			Op{Verb: OpCheckIndex, Key: target, Index: e.ModifyIndex},
+			Op{Verb: OpCheckSession, Key: target, Session: seq.Session})
+		res, err := h.b.store.Txn(ctx, ops)
+		if te := asTxnError(err); te != nil {
+			if te.Has(TxnSessionInvalid) {
+				return nil, sessionError(ErrSessionNotFound, seq.Session)
+			}
+			continue // something moved: check again
+		}
+		if err != nil {
+			return nil, err
+		}
+		next.index, next.live = res[1].ModifyIndex, true
+		h.setRecord(next)
+		h.mu.Lock()
+		h.value = e.Value
+		h.mu.Unlock()
+		out := seq
+		out.Kind = st.Kind
+		out.Token = rec.token(seq.Key)
+		return &out, nil
+	}
+	return nil, newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing while resuming; retry", seq.Key)
+}
+
+// resumable says why seq cannot be resumed from st and rec, or nil.
+func resumable(st *State, rec *record, seq Sequencer, sem bool, limit uint32) error {
+	switch {
+	case rec.index == 0 || !rec.live:
+		return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume: session %s has no live broker record (it ended, or the broker did not grant it)", seq.Session).withState(st)
+	case rec.Owner == "":
+		return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume: session %s is client-owned; its holds outlive streams already", seq.Session).withState(st)
+	case st.Kind == KindSemaphore && !sem && limit <= 1:
+		return newError(ErrConflict, ReasonLimitConflict, "%q is a semaphore prefix; resume it as a semaphore", seq.Key).withState(st)
+	case st.Kind == KindSemaphore && st.Limit != limit:
+		return newError(ErrConflict, ReasonLimitConflict, "semaphore %q has limit %d, requested limit %d", seq.Key, st.Limit, limit).withState(st)
+	case st.Kind == KindLock && sem:
+		return newError(ErrConflict, ReasonLimitConflict, "%q is a lock key; resume it as a lock", seq.Key).withState(st)
+	}
+	if ok, why := current(st, rec, seq); !ok {
+		return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume: %s", why).withState(st)
+	}
+	return nil
+}

@@ -1,0 +1,177 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+)
+
+func contenderKey(prefix, session string) string { return prefix + "/" + session }
+
+// errNoContender: the state does not show this session's contender entry
+// (not in this state yet, or removed).
+var errNoContender = errors.New("contender entry missing")
+
+// enterSemaphore writes this session's contender entry. An entry the
+// session already has (a client-owned session coming back) is released
+// and acquired again in one transaction, which bumps its LockIndex: a
+// slot granted now is never mistaken for an earlier grant to the session.
+func (h *hold) enterSemaphore(ctx context.Context, st *State) error {
+	ck := contenderKey(h.spec.Key, h.session)
+	var ops []Op
+	if _, ok := st.contenders[h.session]; ok {
+		ops = append(ops, Op{Verb: OpUnlock, Key: ck, Flags: SemaphoreFlagValue, Session: h.session})
+	} else if c := st.child(h.session); c != nil {
+		return newError(ErrConflict, ReasonForeignFlags, "contender entry %q exists and is not this session's (flags %#x)", ck, c.Flags)
+	}
+	ops = append(ops, Op{Verb: OpLock, Key: ck, Value: h.spec.Value, Flags: SemaphoreFlagValue, Session: h.session})
+	_, err := h.b.store.Txn(ctx, ops)
+	if te := asTxnError(err); te != nil {
+		if te.Has(TxnSessionInvalid) {
+			return sessionError(ErrSessionNotFound, h.session)
+		}
+		return newError(ErrAborted, ReasonSessionLost, "cannot write contender entry %q: it changed meanwhile", ck)
+	}
+	return err
+}
+
+// semaphoreConflict says why st cannot be used as a semaphore with limit.
+func semaphoreConflict(st *State, limit uint32) error {
+	switch {
+	case st.lock != nil && st.lock.Flags == LockFlagValue:
+		return newError(ErrConflict, ReasonLimitConflict, "%q is a lock key; acquire it as a lock", st.Key).withState(st)
+	case st.lock != nil:
+		return newError(ErrConflict, ReasonForeignFlags, "%q holds flags %#x of neither recipe", st.Key, st.lock.Flags).withState(st)
+	case st.semLock != nil && st.semLock.Flags != SemaphoreFlagValue:
+		return newError(ErrConflict, ReasonForeignFlags, "%q holds flags %#x, not a semaphore's (%#x)", st.semLock.Key, st.semLock.Flags, SemaphoreFlagValue).withState(st)
+	case st.semErr != nil:
+		return newError(ErrConflict, ReasonMalformedSemaphore, "%v", st.semErr).withState(st)
+	case st.sem != nil && uint32(st.sem.Limit) != limit:
+		return newError(ErrConflict, ReasonLimitConflict, "semaphore %q has limit %d, requested limit %d", st.Key, st.sem.Limit, limit).withState(st)
+	}
+	return nil
+}
+
+// trySemaphore makes one attempt to admit the session on state st (which
+// must show its contender entry). It returns the grant, (nil, nil) when
+// full (or, with fair, when older waiters go first), errRace, or a final
+// error. The admitting check-and-set of `.lock` and the session's record
+// are one transaction: the token is its Raft index.
+func (h *hold) trySemaphore(ctx context.Context, st *State) (*Sequencer, error) {
+	prefix := h.spec.Key
+	if err := semaphoreConflict(st, h.limit); err != nil {
+		return nil, err
+	}
+	me, ok := st.contenders[h.session]
+	if !ok {
+		return nil, errNoContender
+	}
+	holders := map[string]bool{}
+	for _, hd := range st.Holders { // already pruned to live contenders
+		holders[hd.Session] = true
+	}
+	if hd, ok := st.holder(h.session); ok {
+		return &Sequencer{Key: prefix, Session: h.session, LockIndex: me.LockIndex, Token: h.currentToken(st, hd), Kind: KindSemaphore}, nil
+	}
+	free := int(h.limit) - len(holders)
+	if free <= 0 || (h.spec.Fair && waitRank(st, holders, h.session) >= free) {
+		return nil, nil
+	}
+	holders[h.session] = true
+	body, err := json.Marshal(semBody{Limit: int(h.limit), Holders: holders})
+	if err != nil {
+		return nil, err
+	}
+	lockKey := prefix + semLockSuffix
+	ops := []Op{{Verb: OpCheckSession, Key: me.Key, Session: h.session}}
+	if st.semLock == nil {
+		ops = append(ops, Op{Verb: OpCheckNotExists, Key: prefix}, Op{Verb: OpCAS, Key: lockKey, Value: body, Flags: SemaphoreFlagValue, Index: 0})
+	} else {
+		ops = append(ops, Op{Verb: OpCAS, Key: lockKey, Value: body, Flags: SemaphoreFlagValue, Index: st.semLock.ModifyIndex})
+	}
+	casAt := len(ops) - 1
+	rec := h.record()
+	next := rec.next()
+	next.Holds[prefix] = 0
+	recAt := len(ops)
+	ops = append(ops, rec.writeOps(next)...)
+	res, err := h.b.store.Txn(ctx, ops)
+	if err != nil {
+		return nil, h.txnFailure(ctx, err, recAt)
+	}
+	if res[casAt] == nil {
+		return nil, fmt.Errorf("consul returned no entry for %q", lockKey)
+	}
+	next.index, next.live = res[casAt].ModifyIndex, true
+	h.setRecord(next)
+	return &Sequencer{Key: prefix, Session: h.session, LockIndex: me.LockIndex, Token: res[casAt].ModifyIndex, Kind: KindSemaphore}, nil
+}
+
+// waitRank is session's place among the live contenders that do not hold
+// a slot, oldest (lowest CreateIndex) first.
+func waitRank(st *State, holders map[string]bool, session string) int {
+	type w struct {
+		sid string
+		ci  uint64
+	}
+	var ws []w
+	for sid, e := range st.contenders {
+		if !holders[sid] {
+			ws = append(ws, w{sid, e.CreateIndex})
+		}
+	}
+	sort.Slice(ws, func(i, j int) bool {
+		if ws[i].ci != ws[j].ci {
+			return ws[i].ci < ws[j].ci
+		}
+		return ws[i].sid < ws[j].sid
+	})
+	for i, x := range ws {
+		if x.sid == session {
+			return i
+		}
+	}
+	return len(ws)
+}
+
+// semaphoreLoss says whether st shows the semaphore hold seq lost.
+func semaphoreLoss(st *State, seq Sequencer, limit uint32) (lost bool, reason LostReason, detail string) {
+	if st.Kind != KindSemaphore || st.semErr != nil || (st.sem != nil && uint32(st.sem.Limit) != limit) {
+		return true, LostLimitConflict, fmt.Sprintf("the semaphore's .lock no longer agrees with limit %d", limit)
+	}
+	c, ok := st.contenders[seq.Session]
+	if !ok || c.LockIndex != seq.LockIndex {
+		return true, LostDeletedByOther, "the contender entry was deleted or released"
+	}
+	if !st.sem.Holders[seq.Session] {
+		return true, LostReleasedByOther, "this holder was removed from the semaphore's holders"
+	}
+	return false, 0, ""
+}
+
+// leaveOps removes session from the semaphore in st (its slot in `.lock`
+// by check-and-set, and its contender entry), or nil when it is in
+// neither.
+func leaveOps(st *State, session string) ([]Op, bool, error) {
+	var ops []Op
+	held := st.sem != nil && st.sem.Holders[session]
+	if held {
+		body := semBody{Limit: st.sem.Limit, Holders: map[string]bool{}}
+		for k, v := range st.sem.Holders {
+			if k != session {
+				body.Holders[k] = v
+			}
+		}
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, false, err
+		}
+		ops = append(ops, Op{Verb: OpCAS, Key: st.Key + semLockSuffix, Value: b, Flags: SemaphoreFlagValue, Index: st.semLock.ModifyIndex})
+	}
+	if c := st.child(session); c != nil && c.Flags == SemaphoreFlagValue && (c.Session == session || c.Session == "") {
+		ops = append(ops, Op{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex})
+	}
+	return ops, held, nil
+}

@@ -1,0 +1,83 @@
+package broker
+
+import "context"
+
+// SetValue changes the value of session's hold on key without giving it
+// up; the sequencer stays the same. With token > 0 it changes only that
+// grant's value.
+func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte, token uint64) (*Sequencer, error) {
+	for range 20 {
+		st, err := b.readState(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		rec, err := b.readRecord(ctx, session)
+		if err != nil {
+			return nil, err
+		}
+		hd, ok := st.holder(session)
+		if !ok {
+			if _, err := b.store.Session(ctx, session); err != nil {
+				return nil, sessionError(err, session)
+			}
+			b.fillTokens(ctx, st)
+			return nil, newError(ErrNotHolder, ReasonNotHolder, "session %s does not hold %q", session, key).withState(st)
+		}
+		seq := Sequencer{Key: key, Session: session, LockIndex: hd.LockIndex, Token: hd.Token, Kind: st.Kind}
+		if t := rec.token(key); t > 0 {
+			seq.Token = t
+		}
+		if token != 0 && token != seq.Token {
+			return nil, newError(ErrNotHolder, ReasonNotHolder, "session %s holds %q with token %d, not %d", session, key, seq.Token, token).withState(st)
+		}
+		target, flags := key, LockFlagValue
+		if st.Kind == KindSemaphore {
+			target, flags = contenderKey(key, session), SemaphoreFlagValue
+		}
+		// Still held by the session; with a token, by this very grant
+		// (its entry unchanged since the read).
+		ops := []Op{{Verb: OpCheckSession, Key: target, Session: session}}
+		if token != 0 {
+			ops = append(ops, Op{Verb: OpCheckIndex, Key: target, Index: st.entry(target).ModifyIndex})
+		}
+		ops = append(ops, Op{Verb: OpLock, Key: target, Value: value, Flags: flags, Session: session})
+		_, err = b.store.Txn(ctx, ops)
+		if te := asTxnError(err); te != nil {
+			if te.Has(TxnSessionInvalid) {
+				return nil, sessionError(ErrSessionNotFound, session)
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &seq, nil
+	}
+	return nil, newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing; retry", key)
+}
+
+// TryAcquire takes key now for a client-owned session and returns the
+// grant, without a stream: the hold lasts until the client releases it or
+// the session ends. A busy key is ErrBusy with the holders.
+func (b *Broker) TryAcquire(ctx context.Context, spec AcquireSpec) (*Sequencer, error) {
+	if !b.enter() {
+		return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
+	}
+	defer b.holds.Done()
+	if spec.SessionID == "" {
+		return nil, invalid("session_id", "is required")
+	}
+	spec.Wait, spec.WaitForever, spec.NewSession, spec.Resume = 0, false, nil, nil
+	h := b.newHold(spec, func(Event) error { return nil })
+	if err := h.openSession(ctx); err != nil {
+		return nil, err
+	}
+	h.sub = b.hub.subscribe(spec.Key)
+	defer h.sub.close()
+	seq, err := h.wait(ctx)
+	if err != nil {
+		h.abandon()
+		return nil, err
+	}
+	return seq, nil
+}

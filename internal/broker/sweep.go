@@ -1,0 +1,236 @@
+package broker
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// run is a dedicated watch's loop: one blocking query after another.
+func (kw *keyWatch) run(ctx context.Context) {
+	h := kw.h
+	defer func() {
+		h.mu.Lock()
+		h.dedicated--
+		h.mu.Unlock()
+	}()
+	var index uint64
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		if index > 0 && kw.retire() {
+			return
+		}
+		entries, next, err := h.store.Watch(ctx, kw.key, index)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			h.log.Debug("watch failed; retrying", zap.String("key", kw.key), zap.Error(err))
+			if !sleep(ctx, backoff) {
+				return
+			}
+			backoff = min(backoff*2, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		if next < index {
+			index = 0 // Consul's index went back (restore, new cluster): start over
+			continue
+		}
+		if next == index {
+			continue // the wait time ran out without a change
+		}
+		index = max(next, 1)
+		mine := under(kw.key, entries)
+		kw.publish(mine, next)
+		if len(mine) == 0 && !sleep(ctx, emptyPause) {
+			// Consul answers a blocking query on a prefix with no entries
+			// with the whole KV store's index, so it returns on every
+			// write anywhere: pace such a watch.
+			return
+		}
+	}
+}
+
+// emptyPause is the pause between blocking queries of a key with no
+// entries (see run).
+const emptyPause = 50 * time.Millisecond
+
+// retire removes an idle watch from the hub; it reports whether it did.
+func (kw *keyWatch) retire() bool {
+	h := kw.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	kw.mu.Lock()
+	idle := len(kw.subs) == 0
+	kw.mu.Unlock()
+	if idle && h.watches[kw.key] == kw {
+		delete(h.watches, kw.key)
+	}
+	return idle
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// sweep checks every swept key every sweepInterval (sooner when kicked).
+func (h *hub) sweep(ctx context.Context) {
+	t := time.NewTimer(h.sweepInterval)
+	defer t.Stop()
+	round := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-h.kick:
+		}
+		h.sweepOnce(ctx)
+		if round++; round%guardEvery == 0 {
+			h.checkGuards(ctx)
+		}
+		t.Reset(h.sweepInterval)
+	}
+}
+
+// sweepOnce reads the swept keys that are new or stale, and checks the
+// others with read-only transactions; keys whose checks fail are read.
+func (h *hub) sweepOnce(ctx context.Context) {
+	var reread []*keyWatch
+	var batch []Op
+	var owners []*keyWatch // owners[i] is the watch batch[i] checks
+	var batches [][]Op
+	var batchOwners [][]*keyWatch
+	h.mu.Lock()
+	for key, kw := range h.watches {
+		if kw.dedicated {
+			continue
+		}
+		kw.mu.Lock()
+		idle, stale := len(kw.subs) == 0, kw.stale || !kw.ready || len(kw.entries) > maxSweptEntries
+		ops := kw.checkOpsLocked()
+		kw.mu.Unlock()
+		switch {
+		case idle:
+			delete(h.watches, key)
+		case stale:
+			reread = append(reread, kw)
+		default:
+			if len(batch)+len(ops) > MaxTxnOps {
+				batches, batchOwners = append(batches, batch), append(batchOwners, owners)
+				batch, owners = nil, nil
+			}
+			for range ops {
+				owners = append(owners, kw)
+			}
+			batch = append(batch, ops...)
+		}
+	}
+	h.mu.Unlock()
+	if len(batch) > 0 {
+		batches, batchOwners = append(batches, batch), append(batchOwners, owners)
+	}
+	changed := h.check(ctx, batches, batchOwners)
+	h.reread(ctx, append(reread, changed...))
+}
+
+// checkOpsLocked returns the ops that pass while the key's entries are as
+// last seen: each entry unchanged, the key and its semaphore `.lock`
+// absent if they were.
+func (kw *keyWatch) checkOpsLocked() []Op {
+	ops := make([]Op, 0, len(kw.entries)+2)
+	var haveKey, haveSem bool
+	for _, e := range kw.entries {
+		ops = append(ops, Op{Verb: OpCheckIndex, Key: e.Key, Index: e.ModifyIndex})
+		haveKey = haveKey || e.Key == kw.key
+		haveSem = haveSem || e.Key == kw.key+semLockSuffix
+	}
+	if !haveKey {
+		ops = append(ops, Op{Verb: OpCheckNotExists, Key: kw.key})
+	}
+	if !haveSem && !haveKey {
+		ops = append(ops, Op{Verb: OpCheckNotExists, Key: kw.key + semLockSuffix})
+	}
+	return ops
+}
+
+// check runs the check transactions and returns the watches whose checks
+// failed.
+func (h *hub) check(ctx context.Context, batches [][]Op, owners [][]*keyWatch) []*keyWatch {
+	changed := map[*keyWatch]bool{}
+	for i, ops := range h.failing(ctx, batches) {
+		for _, op := range ops {
+			changed[owners[i][op]] = true
+		}
+	}
+	out := make([]*keyWatch, 0, len(changed))
+	for kw := range changed {
+		out = append(out, kw)
+	}
+	return out
+}
+
+// failing runs read-only check transactions, sweepParallel at a time, and
+// returns the failing ops of each batch by batch number. A batch that
+// cannot run (Consul unreachable) is tried again at the next sweep.
+func (h *hub) failing(ctx context.Context, batches [][]Op) map[int][]int {
+	var (
+		mu    sync.Mutex
+		out   = map[int][]int{}
+		wg    sync.WaitGroup
+		slots = make(chan struct{}, sweepParallel)
+	)
+	for i := range batches {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			_, err := h.store.Txn(ctx, batches[i])
+			if err == nil {
+				return
+			}
+			te := asTxnError(err)
+			if te == nil {
+				h.log.Debug("sweep check failed", zap.Error(err))
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, f := range te.Failures {
+				if f.Op >= 0 && f.Op < len(batches[i]) {
+					out[i] = append(out[i], f.Op)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// reread lists each key again and publishes it, sweepParallel at a time.
+func (h *hub) reread(ctx context.Context, kws []*keyWatch) {
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, sweepParallel)
+	for _, kw := range kws {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			entries, index, err := h.store.List(ctx, kw.key, false)
+			if err != nil {
+				h.log.Debug("sweep read failed", zap.String("key", kw.key), zap.Error(err))
+				return
+			}
+			kw.publish(under(kw.key, entries), index)
+		})
+	}
+	wg.Wait()
+}

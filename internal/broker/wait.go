@@ -1,0 +1,200 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// maxRaces bounds the attempts that lose a check-and-set race; each one
+// re-reads the key and backs off a little.
+const maxRaces = 100
+
+// errRace: a check of the attempt failed; the state changed under us.
+var errRace = errors.New("state changed during the attempt")
+
+// errLockDelay: Consul refused the acquire because of a lock-delay.
+var errLockDelay = errors.New("blocked by consul lock-delay")
+
+// waiter is the state of one waiting loop.
+type waiter struct {
+	h      *hold
+	queued *State
+	// delays: lock-delay of holders seen; lastHolders/freedAt: who held
+	// the key before it was freed, and when.
+	delays      map[string]time.Duration
+	lastHolders []Holder
+	freedAt     time.Time
+	races       int
+	fresh       bool // the state comes from a consistent read made just now
+}
+
+// wait is the waiting loop: attempt, and when busy, report who is in the
+// way and sleep until the key changes (the shared watch), the lock-delay
+// ends, or the wait times out.
+func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
+	var timeout <-chan time.Time
+	if !h.spec.WaitForever && h.spec.Wait > 0 {
+		t := time.NewTimer(h.spec.Wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var failed <-chan error
+	if h.ren != nil {
+		failed = h.ren.failed
+	}
+	st, err := h.first(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w := &waiter{h: h, delays: map[string]time.Duration{}, fresh: true}
+	for {
+		seq, delayLeft, raced, err := w.attempt(ctx, st)
+		if seq != nil || err != nil {
+			return seq, err
+		}
+		if raced {
+			if st, err = h.b.readState(ctx, h.spec.Key); err != nil {
+				return nil, err
+			}
+			w.fresh = true
+			continue
+		}
+		if err := w.report(ctx, st, delayLeft); err != nil {
+			return nil, err
+		}
+		var delayTimer <-chan time.Time
+		if delayLeft > 0 {
+			delayTimer = time.After(delayLeft)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-h.b.shutdown:
+			return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
+		case <-timeout:
+			return nil, holdersError(ErrTimeout, ReasonWaitTimeout, st)
+		case err := <-failed:
+			return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
+		case <-delayTimer:
+			w.fresh = false
+		case <-h.sub.wake:
+			w.fresh = false
+			if next, _ := h.sub.state(); next != nil {
+				if len(st.Holders) > 0 && len(next.Holders) == 0 {
+					w.lastHolders, w.freedAt = st.Holders, time.Now()
+				}
+				st = next
+			}
+		}
+	}
+}
+
+// first reads the key consistently before the first attempt and, for a
+// semaphore, enters this session's contender entry.
+func (h *hold) first(ctx context.Context) (*State, error) {
+	st, err := h.b.readState(ctx, h.spec.Key)
+	if err != nil {
+		return nil, err
+	}
+	if !h.sem {
+		return st, nil
+	}
+	if err := semaphoreConflict(st, h.limit); err != nil {
+		return nil, err
+	}
+	if _, holds := st.holder(h.session); holds {
+		return st, nil // already admitted (a client-owned session)
+	}
+	if err := h.enterSemaphore(ctx, st); err != nil {
+		return nil, err
+	}
+	return h.b.readState(ctx, h.spec.Key)
+}
+
+// attempt makes one try on st. It returns the grant; or the lock-delay
+// left when that is what blocks; or raced when the state changed under
+// the attempt (after a short backoff); or a final error.
+func (w *waiter) attempt(ctx context.Context, st *State) (*Sequencer, time.Duration, bool, error) {
+	h := w.h
+	var seq *Sequencer
+	var err error
+	if h.sem {
+		seq, err = h.trySemaphore(ctx, st)
+	} else {
+		seq, err = h.tryLock(ctx, st)
+	}
+	switch {
+	case seq != nil:
+		return seq, 0, false, nil
+	case errors.Is(err, errNoContender) && w.fresh:
+		if !h.owned {
+			if _, serr := h.b.store.Session(ctx, h.session); isNotFound(serr) {
+				return nil, 0, false, sessionError(serr, h.session)
+			}
+		}
+		return nil, 0, false, newError(ErrAborted, ReasonSessionLost, "this request's contender entry %q was removed while it waited", contenderKey(h.spec.Key, h.session))
+	case errors.Is(err, errRace), errors.Is(err, errNoContender):
+		w.races++
+		if w.races > maxRaces {
+			e := newError(ErrUnavailable, ReasonConsulUnavailable, "key %q changed under %d attempts in a row; retry later", h.spec.Key, maxRaces)
+			e.RetryAfter = time.Second
+			return nil, 0, false, e
+		}
+		if !sleep(ctx, time.Duration(min(w.races, 20))*5*time.Millisecond) {
+			return nil, 0, false, ctx.Err()
+		}
+		return nil, 0, true, nil
+	case errors.Is(err, errLockDelay):
+		seq, left, err := w.lockDelay(st)
+		return seq, left, false, err
+	case err != nil:
+		return nil, 0, false, err
+	case h.tryOnce():
+		return nil, 0, false, holdersError(ErrBusy, ReasonLockHeld, st)
+	}
+	return nil, 0, false, nil
+}
+
+// lockDelay says how long Consul's lock-delay still blocks the key, as far
+// as the holders' sessions were learnt; a try-once fails with it.
+func (w *waiter) lockDelay(st *State) (*Sequencer, time.Duration, error) {
+	left, known := 200*time.Millisecond, false // unknown: poll
+	for _, prev := range w.lastHolders {
+		if d, ok := w.delays[prev.Session]; ok && !w.freedAt.IsZero() {
+			left, known = max(time.Until(w.freedAt.Add(d)), 10*time.Millisecond), true
+		}
+	}
+	if !w.h.tryOnce() {
+		return nil, left, nil
+	}
+	e := newError(ErrBusy, ReasonLockDelay, "key %q is in Consul's lock-delay (its end is unknown to this broker)", st.Key)
+	if known {
+		e = newError(ErrBusy, ReasonLockDelay, "key %q is in Consul's lock-delay for about %s more", st.Key, left.Round(time.Millisecond))
+		e.RetryAfter = left
+	}
+	return nil, 0, e.withState(st)
+}
+
+// report learns the holders' lock-delays and tells the client it waits,
+// when the holders changed or the lock-delay is what blocks.
+func (w *waiter) report(ctx context.Context, st *State, delayLeft time.Duration) error {
+	h := w.h
+	if !h.sem {
+		// Learn a holder's lock-delay while it holds: once its session is
+		// gone it can no longer be read.
+		for _, hd := range st.Holders {
+			if _, ok := w.delays[hd.Session]; !ok {
+				if d, ok := h.sub.holderDelay(ctx, hd.Session); ok {
+					w.delays[hd.Session] = d
+				}
+			}
+		}
+	}
+	if w.queued != nil && sameHolders(st, w.queued) && delayLeft == 0 {
+		return nil
+	}
+	w.queued = st
+	h.b.fillTokens(ctx, st)
+	return h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: h.session})
+}
