@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"time"
-
 )
 
 // Release ends the hold of session on key, from any replica, and returns
@@ -222,4 +221,3 @@ func (b *Broker) notHolder(ctx context.Context, st *State, session string) error
 	b.fillTokens(ctx, st)
 	return newError(ErrNotHolder, ReasonNotHolder, "session %s does not hold %q; %s", session, st.Key, describeHolders(st)).withState(st)
 }
-
