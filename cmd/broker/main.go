@@ -49,6 +49,7 @@ type config struct {
 	healthInterval     time.Duration
 	keepaliveTime      time.Duration
 	keepaliveTimeout   time.Duration
+	consul             consulstore.Options
 }
 
 // Bounds of the keepalive flags: the promise that a vanished client's hold
@@ -80,6 +81,8 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 15*time.Second, "on SIGTERM/SIGINT: how long holders have to resume on another replica and streams to end before the broker releases what is left, cuts every stream and exits")
 	fs.DurationVar(&c.drainTimeout, "shutdown-timeout", 15*time.Second, "deprecated: the same as --drain-timeout")
 	fs.DurationVar(&c.healthInterval, "health-interval", time.Second, "how often Consul's health is checked")
+	fs.IntVar(&c.consul.MaxBlocking, "consul-max-blocking", consulstore.DefaultMaxBlocking, "at most this many Consul blocking queries (watches) at once, on connections of their own; more watches share them or wait")
+	fs.IntVar(&c.consul.MaxConns, "consul-max-conns", consulstore.DefaultMaxConns, "at most this many Consul connections for everything else (renewals, lock writes, reads), so watches never starve them; keep both caps together under half of Consul's http_max_conns_per_client (200) for two replicas per host")
 	fs.DurationVar(&c.keepaliveTime, "keepalive-time", server.DefaultKeepaliveTime, "ping a client after this long without hearing from it (1s to 10s)")
 	fs.DurationVar(&c.keepaliveTimeout, "keepalive-timeout", server.DefaultKeepaliveTimeout, "close a client's connection, and end its holds, when a ping is not answered within this (1s to 5s)")
 	fs.Usage = func() {
@@ -100,6 +103,8 @@ func (c *config) validate() error {
 	switch {
 	case c.drainTimeout <= 0:
 		return fmt.Errorf("--drain-timeout must be positive, got %v", c.drainTimeout)
+	case c.consul.MaxBlocking <= 0 || c.consul.MaxConns <= 0:
+		return fmt.Errorf("--consul-max-blocking and --consul-max-conns must be positive, got %d and %d", c.consul.MaxBlocking, c.consul.MaxConns)
 	case c.healthInterval <= 0:
 		return fmt.Errorf("--health-interval must be positive, got %v", c.healthInterval)
 	case c.keepaliveTime < minKeepalive || c.keepaliveTime > maxKeepaliveTime:
@@ -153,13 +158,14 @@ func run(args []string, stderr io.Writer) error {
 		consulCfg.Address, consulCfg.Scheme, consulCfg.Token = p.HTTPAddr(), "http", ""
 		agentDone = p.Wait()
 	}
-	client, err := consulstore.NewClient(consulCfg)
+	store, err := consulstore.Open(consulCfg, c.consul)
 	if err != nil {
 		return fmt.Errorf("consul client: %w", err)
 	}
-	log.Info("consul", zap.String("address", consulCfg.Address), zap.Bool("token_set", consulCfg.Token != ""))
+	defer store.Close()
+	log.Info("consul", zap.String("address", consulCfg.Address), zap.Bool("token_set", consulCfg.Token != ""),
+		zap.Int("max_blocking", c.consul.MaxBlocking), zap.Int("max_conns", c.consul.MaxConns))
 
-	store := consulstore.New(client, 0)
 	b := broker.New(store, log)
 	srv, err := server.New(b, store, log, server.WithKeepalive(c.keepaliveTime, c.keepaliveTimeout))
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/consulstore"
 )
 
 // roleEnv makes the test binary act as a client process of a broker
@@ -68,6 +69,8 @@ func TestParseFlags(t *testing.T) {
 			assert.Equal(t, 15*time.Second, c.drainTimeout)
 			assert.Equal(t, 10*time.Second, c.keepaliveTime)
 			assert.Equal(t, 5*time.Second, c.keepaliveTimeout)
+			assert.Equal(t, consulstore.DefaultMaxBlocking, c.consul.MaxBlocking)
+			assert.Equal(t, consulstore.DefaultMaxConns, c.consul.MaxConns)
 		}},
 		{name: "drain", args: []string{"--drain-timeout", "30s"}, check: func(t *testing.T, c config) {
 			assert.Equal(t, 30*time.Second, c.drainTimeout)
@@ -79,6 +82,11 @@ func TestParseFlags(t *testing.T) {
 			assert.Equal(t, 2*time.Second, c.keepaliveTime)
 			assert.Equal(t, time.Second, c.keepaliveTimeout)
 		}},
+		{name: "consul caps", args: []string{"--consul-max-blocking", "16", "--consul-max-conns", "40"}, check: func(t *testing.T, c config) {
+			assert.Equal(t, 16, c.consul.MaxBlocking)
+			assert.Equal(t, 40, c.consul.MaxConns)
+		}},
+		{name: "zero consul cap", args: []string{"--consul-max-blocking", "0"}, wantErr: "must be positive"},
 		{name: "zero drain", args: []string{"--drain-timeout", "0s"}, wantErr: "--drain-timeout must be positive"},
 		{name: "keepalive too long", args: []string{"--keepalive-time", "30s"}, wantErr: "--keepalive-time must be between 1s and 10s"},
 		{name: "keepalive too short", args: []string{"--keepalive-time", "100ms"}, wantErr: "--keepalive-time must be between 1s and 10s"},
@@ -102,7 +110,7 @@ func TestParseFlags(t *testing.T) {
 func TestHelpListsFlags(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, run([]string{"--help"}, &out))
-	for _, f := range []string{"-drain-timeout", "-keepalive-time", "-keepalive-timeout"} {
+	for _, f := range []string{"-drain-timeout", "-keepalive-time", "-keepalive-timeout", "-consul-max-blocking", "-consul-max-conns"} {
 		assert.True(t, strings.Contains(out.String(), f), "--help must list %s:\n%s", f, out.String())
 	}
 }

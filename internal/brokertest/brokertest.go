@@ -58,13 +58,10 @@ func Start(t testing.TB, agent *consultest.Agent, opts ...Option) *Replica {
 		opt(&o)
 	}
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	cfg := agent.Config()
-	cfg.Transport = nil // a transport of our own, with the broker's limits
-	client, err := consulstore.NewClient(cfg)
+	store, err := consulstore.Open(agent.Config(), consulstore.Options{WaitTime: o.waitTime})
 	if err != nil {
-		t.Fatalf("consul client: %v", err)
+		t.Fatalf("consul store: %v", err)
 	}
-	store := consulstore.New(client, o.waitTime)
 	b := broker.New(store, log)
 	srv, err := server.New(b, store, log, o.server...)
 	if err != nil {
@@ -101,6 +98,7 @@ func (r *Replica) Stop() {
 		r.srv.GRPC.Stop()
 	}
 	<-r.done
+	r.Store.Close()
 }
 
 // Conn dials the replica; the connection closes with the replica.

@@ -24,9 +24,9 @@ import (
 // successful call writes no log line and a refused one writes one.
 func TestAccessLogQuietWhenOK(t *testing.T) {
 	agent := consultest.Start(t)
-	client, err := consulstore.NewClient(agent.Config())
+	store, err := consulstore.Open(agent.Config(), consulstore.Options{})
 	require.NoError(t, err)
-	store := consulstore.New(client, 0)
+	t.Cleanup(store.Close)
 	core, logs := observer.New(zapcore.InfoLevel)
 	log := zap.New(core)
 	b := broker.New(store, log)
