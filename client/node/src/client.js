@@ -153,7 +153,12 @@ export class Client {
     this.headers = token ? { authorization: `Bearer ${token}` } : undefined;
     const scheme = tls ? "https" : "http";
     const nodeOptions = tlsOptions(tls);
-    this._managers = this.targets.map((t) => new Http2SessionManager(`${scheme}://${t}`, {}, nodeOptions));
+    // HTTP/2 keepalive: a connection whose peer stops answering pings (a
+    // stopped or vanished replica) is closed after about 15 s, so a waiting
+    // lock() or a watch fails over instead of hanging. The broker permits
+    // client pings every 5 s or more.
+    const ping = { pingIntervalMs: 10_000, pingTimeoutMs: 5_000 };
+    this._managers = this.targets.map((t) => new Http2SessionManager(`${scheme}://${t}`, ping, nodeOptions));
     const transports = this.targets.map((t, i) =>
       createGrpcTransport({ baseUrl: `${scheme}://${t}`, httpVersion: "2", sessionManager: this._managers[i] }),
     );

@@ -225,3 +225,23 @@ test("a stalled replica (SIGSTOP) with another configured: the hold moves before
       await b.stop();
     }
   }));
+
+test("waiting on a stopped replica: keepalive closes the connection and lock() fails over", () =>
+  using(async (make) => {
+    const a = await cluster.broker("queued-a");
+    const b = await cluster.broker("queued-b");
+    try {
+      const holder = await make(b.addr).lock(key("queued"));
+      const c = make(a.addr, { targets: [b.addr] });
+      const waiting = c.lock(holder.key);
+      await sleep(1000);
+      a.signal("SIGSTOP");
+      await holder.release();
+      const lease = await Promise.race([waiting, sleep(40_000).then(() => assert.fail("the waiter never failed over"))]);
+      assert.equal(lease.target, b.addr);
+      await lease.release();
+    } finally {
+      await a.stop();
+      await b.stop();
+    }
+  }));

@@ -137,11 +137,23 @@ def _pem(v):
         return f.read()
 
 
+#: HTTP/2 keepalive: a connection whose peer stops answering pings (a
+#: stopped or vanished replica) is closed after about 15 s, so a waiting
+#: Acquire or a Watch fails over instead of hanging. The broker permits
+#: client pings every 5 s or more.
+KEEPALIVE_OPTIONS = (
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_time_between_pings_ms", 10_000),
+)
+
+
 def channel_setup(tls) -> Tuple[Optional[grpc.ChannelCredentials], Sequence[Tuple[str, object]]]:
     """(credentials or None for plaintext, channel options) for `tls`:
     None/False (plaintext), True (system roots), a TLS, or
     grpc.ChannelCredentials."""
-    opts = []
+    opts = list(KEEPALIVE_OPTIONS)
     if tls is None or tls is False:
         return None, opts
     if tls is True:

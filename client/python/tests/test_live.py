@@ -184,3 +184,25 @@ def test_aio_semaphore_election_and_stall(cluster, broker, key):
     finally:
         a.stop()
         b.stop()
+
+
+def test_waiting_on_a_stopped_replica_fails_over(cluster, key):
+    """HTTP/2 keepalive closes the connection to a stopped replica (~15 s),
+    so a lock() queued there moves to another replica instead of hanging."""
+    a, b = cluster.broker("queued-a"), cluster.broker("queued-b")
+    try:
+        with lockbroker.Client(b.addr) as hc, lockbroker.Client(a.addr, targets=[b.addr]) as c:
+            holder = hc.lock(key)
+            got = []
+            t = threading.Thread(target=lambda: got.append(c.lock(key)), daemon=True)
+            t.start()
+            time.sleep(1.0)
+            a.signal(signal.SIGSTOP)
+            holder.release()
+            t.join(40)
+            assert got, "the waiter never failed over"
+            assert got[0].target == b.addr
+            got[0].release()
+    finally:
+        a.stop()
+        b.stop()
