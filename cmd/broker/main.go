@@ -253,23 +253,15 @@ func drain(log *zap.Logger, limit time.Duration, srv *server.Server, b *broker.B
 	log.Info("drained", zap.Duration("took", time.Since(start).Round(time.Millisecond)))
 }
 
-// shutdownBroker ends the broker's holds and watches: holds are kept for
-// resumption until resume ends, and everything is over by hard's end.
+// shutdownBroker ends the broker's holds and watches: every hold is told
+// lost BROKER_SHUTDOWN and kept for its client to resume elsewhere until
+// resume ends, then the holds nobody resumed are released (Shutdown returns
+// shortly after resume ends); hard bounds the wait in any case.
 func shutdownBroker(resume, hard context.Context, b *broker.Broker) {
-	// TODO(lead): call b.Shutdown(resume) directly once
-	// (*broker.Broker).Shutdown is committed (tell every hold lost
-	// BROKER_SHUTDOWN, keep the holds until ctx ends for the clients to
-	// resume elsewhere, then release what is left, returning shortly
-	// after ctx ends). Until then Close runs in the background, bounded by
-	// hard.
-	if s, ok := any(b).(interface{ Shutdown(context.Context) }); ok {
-		s.Shutdown(resume)
-		return
-	}
-	closed := make(chan struct{})
-	go func() { defer close(closed); b.Close() }()
+	done := make(chan struct{})
+	go func() { defer close(done); b.Shutdown(resume) }()
 	select {
-	case <-closed:
+	case <-done:
 	case <-hard.Done():
 	}
 }
