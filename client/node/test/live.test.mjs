@@ -13,6 +13,7 @@ import {
   Client,
   ConflictError,
   LockLostError,
+  SNAPSHOT_COMPLETE,
   UnimplementedError,
 } from "../src/index.js";
 import { Cluster, sleep } from "../../../test/conformance/node/cluster.mjs";
@@ -243,5 +244,41 @@ test("waiting on a stopped replica: keepalive closes the connection and lock() f
     } finally {
       await a.stop();
       await b.stop();
+    }
+  }));
+
+test("prefix watch: the states, SNAPSHOT_COMPLETE, then changes", (t) =>
+  using(async (make) => {
+    const c = make();
+    const p = key("prefix");
+    const a = await c.lock(`${p}/a`, { value: "a" });
+    await c.lock(`${p}/b`, { value: "b" });
+    const ac = new AbortController();
+    const timer = setTimeout(() => ac.abort(new Error("timeout")), 5000);
+    const it = c.watch(p, { prefix: true, signal: ac.signal });
+    const snapshot = [];
+    try {
+      for (;;) {
+        let next;
+        try {
+          next = await it.next();
+        } catch (e) {
+          if (ac.signal.aborted) return t.skip(`the broker sent no snapshot_complete marker within 5s (got ${snapshot.length} states)`);
+          throw e;
+        }
+        if (next.value === SNAPSHOT_COMPLETE) break;
+        snapshot.push(next.value);
+      }
+      const held = Object.fromEntries(snapshot.filter((s) => s.held).map((s) => [s.key, text(s.holder.value)]));
+      assert.deepEqual(held, { [`${p}/a`]: "a", [`${p}/b`]: "b" });
+      await a.release();
+      for (;;) {
+        const { value } = await it.next();
+        if (value !== SNAPSHOT_COMPLETE && value.key === `${p}/a` && !value.held) break;
+      }
+    } finally {
+      clearTimeout(timer);
+      ac.abort();
+      await it.return();
     }
   }));

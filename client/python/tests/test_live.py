@@ -3,6 +3,7 @@ replicas): what the conformance scenarios do not cover. Calls the broker
 does not implement yet skip with a message."""
 
 import asyncio
+import queue
 import signal
 import threading
 import time
@@ -206,3 +207,46 @@ def test_waiting_on_a_stopped_replica_fails_over(cluster, key):
     finally:
         a.stop()
         b.stop()
+
+
+def test_prefix_watch_snapshot_then_changes(client, key):
+    a = client.lock(key + "/a", value=b"a")
+    client.lock(key + "/b", value=b"b")
+    items = queue.Queue()
+    with client.watch(key, prefix=True) as w:
+        threading.Thread(target=lambda: [items.put(x) for x in w], daemon=True).start()
+        snapshot = []
+        end = time.monotonic() + 5
+        while True:
+            try:
+                x = items.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                pytest.skip(f"the broker sent no snapshot_complete marker within 5s (got {len(snapshot)} states)")
+            if x is lockbroker.SNAPSHOT_COMPLETE:
+                break
+            snapshot.append(x)
+        held = {s.key: s.holder.value for s in snapshot if s.held}
+        assert held == {key + "/a": b"a", key + "/b": b"b"}
+        a.release()
+        end = time.monotonic() + 5
+        while True:
+            x = items.get(timeout=max(0.0, end - time.monotonic()))
+            if x is not lockbroker.SNAPSHOT_COMPLETE and x.key == key + "/a" and not x.held:
+                break
+
+
+def test_no_threads_left_behind(broker, key):
+    """Every thread a lease or watch starts ends once it is released or
+    closed (names: lockbroker-*)."""
+    def ours():
+        return [t for t in threading.enumerate() if t.name.startswith("lockbroker-")]
+
+    with lockbroker.Client(broker.addr) as c:
+        leases = [c.lock(f"{key}/{i}") for i in range(3)]
+        assert len(ours()) >= 6  # a reader and a lease thread each
+        leases[0].release()
+        with c.watch(key) as w:
+            next(w)
+        sem = c.semaphore(key + "/sem", 2)
+        del sem  # released by close()
+    wait_for(lambda: not ours(), 5, f"threads to end: {ours()}")
