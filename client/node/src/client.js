@@ -19,6 +19,7 @@ import {
   LockHeldError,
   LockLostError,
   LockbrokerError,
+  NotHolderError,
   SessionLostError,
   UnavailableError,
   UnimplementedError,
@@ -199,7 +200,7 @@ export class Client {
   // -- locks ----------------------------------------------------------------
 
   /** Waits until it holds the lock `key`; resolves to the Lease. */
-  lock(key, opts = {}) {
+  async lock(key, opts = {}) {
     return this._acquire(buildRequest(key, opts, 0, false), opts);
   }
 
@@ -214,9 +215,9 @@ export class Client {
   }
 
   /** Waits for one of `limit` slots of the semaphore at `prefix`. */
-  semaphore(prefix, limit, opts = {}) {
+  async semaphore(prefix, limit, opts = {}) {
     if (!Number.isInteger(limit) || limit < 1) {
-      return Promise.reject(new InvalidArgumentError(`semaphore limit must be a positive integer, not ${limit}`));
+      throw new InvalidArgumentError(`semaphore limit must be a positive integer, not ${limit}`);
     }
     return this._acquire(buildRequest(prefix, opts, limit, true), opts);
   }
@@ -564,20 +565,28 @@ export class Lease {
     this.value = v;
   }
 
-  /** Gives the hold up; resolves to true if this call released it. */
+  /**
+   * Gives the hold up and waits (at most timeoutMs) until the broker has
+   * released it. Resolves to true if this call released it, false if it was
+   * already lost or released.
+   */
   async release({ timeoutMs = 10_000 } = {}) {
     if (this._error || this._released || this._releasing) return false;
     this._releasing = true;
     const end = now() + timeoutMs;
+    let released = true;
     try {
-      await this._client._unary(
+      const resp = await this._client._unary(
         "lock",
         "release",
         { key: this.key, sessionId: this.sessionId, token: this.token },
         { timeoutMs: Math.max(100, Math.min(timeoutMs, this._client.timeoutMs)) },
       );
-    } catch {
-      // Closing the stream releases a broker-owned session too.
+      released = resp.released;
+    } catch (e) {
+      // NotHolder: another grant holds the key now. Otherwise closing the
+      // stream releases a broker-owned session too.
+      if (e instanceof NotHolderError) released = false;
       this._reader.cancel();
     }
     this._wakeUp();
@@ -594,7 +603,7 @@ export class Lease {
     }
     this._released = this._error === undefined;
     this._client._leases.delete(this);
-    return true;
+    return released;
   }
 
   async [Symbol.asyncDispose]() {
@@ -653,7 +662,11 @@ export class Lease {
         return this._releasing ? RELEASED : new LockLostError("RELEASED", "released through the Release call from elsewhere");
       } else if (ev.case === "lost") {
         const reason = lostReasonName(ev.value.reason);
-        if (reason === "BROKER_SHUTDOWN") return undefined;
+        if (reason === "BROKER_SHUTDOWN") {
+          // The drain may end before the TTL would: the hold is guaranteed until the earlier.
+          if (ev.value.guaranteedFor) this._deadline = Math.min(this._deadline, t + durationMs(ev.value.guaranteedFor));
+          return undefined;
+        }
         return new LockLostError(reason, ev.value.detail);
       }
     }

@@ -510,8 +510,13 @@ class Lease:
             call = self._call
         end = _core.now() + timeout
         req = lock_pb2.ReleaseRequest(key=self.key, session_id=self.session_id, token=self.token)
+        released = True
         try:
-            self._client._unary("lock", "Release", req, timeout=max(0.1, min(timeout, self._client.timeout)))
+            released = self._client._unary("lock", "Release", req,
+                                           timeout=max(0.1, min(timeout, self._client.timeout))).released
+        except errors.NotHolder:  # another grant holds it now: not ours to release
+            released = False
+            call.cancel()
         except errors.LockbrokerError as e:
             # Closing the stream releases a broker-owned session too.
             log.debug("Release of %s failed (%s); closing the stream", self.key, e)
@@ -524,7 +529,7 @@ class Lease:
             self._done.wait(1.0)
         with self._mu:
             self._released = self._error is None
-        return True
+        return released
 
     def __enter__(self):
         return self
@@ -606,6 +611,9 @@ class Lease:
                 reason = _core.lost_reason_name(msg.lost.reason)
                 if reason == "BROKER_SHUTDOWN":
                     log.info("lease %s: %s is shutting down; resuming", self.key, self.target)
+                    if msg.lost.HasField("guaranteed_for"):  # the drain may end before the TTL would
+                        with self._mu:
+                            self._deadline = min(self._deadline, t + _core.seconds(msg.lost.guaranteed_for))
                     return None
                 return errors.LockLost(reason, msg.lost.detail)
 

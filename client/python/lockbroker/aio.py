@@ -429,8 +429,13 @@ class Lease:
         self._releasing = True
         end = _core.now() + timeout
         req = lock_pb2.ReleaseRequest(key=self.key, session_id=self.session_id, token=self.token)
+        released = True
         try:
-            await self._client._unary("lock", "Release", req, timeout=max(0.1, min(timeout, self._client.timeout)))
+            released = (await self._client._unary("lock", "Release", req,
+                                                  timeout=max(0.1, min(timeout, self._client.timeout)))).released
+        except errors.NotHolder:  # another grant holds it now: not ours to release
+            released = False
+            self._call.cancel()
         except errors.LockbrokerError as e:
             log.debug("Release of %s failed (%s); closing the stream", self.key, e)
             self._call.cancel()
@@ -444,7 +449,7 @@ class Lease:
             except asyncio.TimeoutError:
                 self._task.cancel()
         self._released = self._error is None
-        return True
+        return released
 
     async def __aenter__(self):
         return self
@@ -517,6 +522,8 @@ class Lease:
             elif kind == "lost":
                 reason = _core.lost_reason_name(msg.lost.reason)
                 if reason == "BROKER_SHUTDOWN":
+                    if msg.lost.HasField("guaranteed_for"):  # the drain may end before the TTL would
+                        self._deadline = min(self._deadline, t + _core.seconds(msg.lost.guaranteed_for))
                     return None
                 return errors.LockLost(reason, msg.lost.detail)
 

@@ -12,7 +12,8 @@ import lockbroker
 from lockbroker import _rpc, errors
 from lockbroker._gen.lockbroker.v1 import types_pb2
 
-from conftest import PKG, REPO
+
+PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_gen_copy_in_sync_with_gen_python():

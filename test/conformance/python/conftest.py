@@ -27,9 +27,13 @@ assert os.path.dirname(lockbroker.__file__).startswith(os.path.join(REPO, "clien
 _FIGURES = []
 
 
-def figure(name, value, unit="s"):
-    """Records a measured figure for the summary at the end of the run."""
-    _FIGURES.append((name, value, unit))
+@pytest.fixture(scope="session")
+def figure():
+    """figure(name, value, unit="s") records a measured figure for the
+    summary at the end of the run."""
+    def record(name, value, unit="s"):
+        _FIGURES.append((name, value, unit))
+    return record
 
 
 @pytest.fixture(scope="session")

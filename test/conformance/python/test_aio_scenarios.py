@@ -13,7 +13,6 @@ import pytest
 
 import lockbroker
 from lockbroker import aio
-from conftest import figure
 
 
 def run(coro, timeout=90):
@@ -53,7 +52,7 @@ def test_aio_s1_lock_release_busy_timeout(broker, key):
     run(main())
 
 
-def test_aio_s2_loss_on_session_destroy(cluster, broker, key):
+def test_aio_s2_loss_on_session_destroy(cluster, broker, key, figure):
     async def main():
         async with aio.Client(broker.addr) as client:
             lease = await client.lock(key)
@@ -72,7 +71,7 @@ def test_aio_s2_loss_on_session_destroy(cluster, broker, key):
     run(main())
 
 
-def test_aio_s4_resume_then_loss(cluster, key):
+def test_aio_s4_resume_then_loss(cluster, key, figure):
     a = cluster.broker("aio-s4-a")
     b = cluster.broker("aio-s4-b")
 

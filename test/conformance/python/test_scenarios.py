@@ -18,8 +18,8 @@ import time
 import pytest
 
 import lockbroker
-from conftest import REPO, figure
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCENARIOS = os.path.join(REPO, "test", "conformance", "scenarios.md")
 
 
@@ -46,7 +46,7 @@ def test_every_scenario_covered():
 # -- S1 -------------------------------------------------------------------
 
 
-def test_s1_lock_release_busy_timeout(client, other, key):
+def test_s1_lock_release_busy_timeout(client, other, key, figure):
     lease = client.lock(key, value=b"a")
     try:
         assert lease.token > 0
@@ -83,7 +83,7 @@ def test_s1_lock_release_busy_timeout(client, other, key):
 # -- S2 -------------------------------------------------------------------
 
 
-def test_s2_loss_on_session_destroy(cluster, client, key):
+def test_s2_loss_on_session_destroy(cluster, client, key, figure):
     lease = client.lock(key, value=b"s2")
     lost_at = []
     lease.on_lost(lambda err: lost_at.append((time.monotonic(), err)))
@@ -103,7 +103,7 @@ def test_s2_loss_on_session_destroy(cluster, client, key):
 # -- S3 -------------------------------------------------------------------
 
 
-def test_s3_deadline_with_stopped_broker(cluster, key):
+def test_s3_deadline_with_stopped_broker(cluster, key, figure):
     r = cluster.broker("s3-stopped")
     try:
         with lockbroker.Client(r.addr) as c:
@@ -131,7 +131,7 @@ def test_s3_deadline_with_stopped_broker(cluster, key):
 # -- S4 -------------------------------------------------------------------
 
 
-def test_s4_resume_then_loss(cluster, key):
+def test_s4_resume_then_loss(cluster, key, figure):
     a = cluster.broker("s4-a")
     b = cluster.broker("s4-b")
     try:
@@ -242,7 +242,7 @@ def node_available():
             and os.path.isdir(os.path.join(REPO, "client", "node", "node_modules", "@connectrpc")))
 
 
-def test_s5_semaphore_limit_across_processes(broker, client, key):
+def test_s5_semaphore_limit_across_processes(broker, client, key, figure):
     """Two Python and (when installed) two Node CLI holders on one prefix,
     limit 3: never more than 3 hold, the fourth waits, then gets a slot."""
     makers = [python_cli, python_cli]
