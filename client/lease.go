@@ -246,6 +246,15 @@ func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
 				return ErrReleased
 			case *lockbrokerv1.AcquireResponse_Lost:
 				if e.Lost.GetReason() == lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN {
+					// Resume elsewhere; the draining broker guarantees the
+					// hold only until its drain ends.
+					if g := e.Lost.GetGuaranteedFor(); g != nil {
+						l.mu.Lock()
+						if d := time.Now().Add(g.AsDuration()); d.Before(l.deadline) {
+							l.deadline = d
+						}
+						l.mu.Unlock()
+					}
 					return nil
 				}
 				return &LostError{Reason: e.Lost.GetReason(), Detail: e.Lost.GetDetail()}

@@ -36,7 +36,8 @@ type Broker struct {
 	// resumed elsewhere are then released).
 	shutdown  chan struct{}
 	drained   chan struct{}
-	abandon   bool // Close: leave sessions to expire, as a crash would
+	abandon   bool      // Close: leave sessions to expire, as a crash would
+	drainEnd  time.Time // when the drain ends (Shutdown's deadline)
 	closeOnce sync.Once
 	holds     sync.WaitGroup
 
@@ -126,6 +127,10 @@ func (b *Broker) enter() bool {
 // shortly (at most 3 s) after ctx ends if some cleanup is still stuck.
 func (b *Broker) Shutdown(ctx context.Context) {
 	b.mu.Lock()
+	b.drainEnd = time.Now()
+	if d, ok := ctx.Deadline(); ok {
+		b.drainEnd = d
+	}
 	select {
 	case <-b.shutdown:
 	default:
@@ -160,6 +165,13 @@ func (b *Broker) Close() {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	b.Shutdown(ctx)
+}
+
+// drainDeadline is when the drain ends.
+func (b *Broker) drainDeadline() time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.drainEnd
 }
 
 func (b *Broker) abandoning() bool {

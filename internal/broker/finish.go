@@ -56,16 +56,18 @@ func (h *hold) finish(released bool) {
 	}
 }
 
-// leaveState is the state a release is built on: for a lock, the shared
-// watch's (an unlock only checks the session); for a semaphore, a
+// leaveState is the state a release is built on: for a lock, none (an
+// unlock needs no state: it is conditioned on the session holding the
+// key, and a failed attempt reads the key again); for a semaphore, a
 // consistent read, since leaving it is a check-and-set of `.lock` and the
-// watch may not show the admission yet.
+// shared watch may not show the admission yet. A release must never rest
+// on a watch state older than the grant: it would skip the unlock, and
+// destroying a session that still holds a key starts Consul's lock-delay.
 func (h *hold) leaveState(ctx context.Context) (*State, error) {
 	if h.sem {
 		return h.b.readState(ctx, h.spec.Key)
 	}
-	st, _ := h.sub.state()
-	return st, nil
+	return nil, nil
 }
 
 // finishOps are the ops that end the hold: the record's guard and
@@ -75,14 +77,15 @@ func (h *hold) finishOps(rec *record, st *State, released bool) ([]Op, error) {
 	if !mutantNoResumeFence {
 		ops = append(ops, rec.deleteOps()...)
 	}
-	if released || st == nil {
+	if released {
 		return ops, nil
 	}
 	if h.sem {
 		leave, _, err := leaveOps(st, h.session)
 		return append(ops, leave...), err
 	}
-	if hd, ok := st.holder(h.session); ok && hd.LockIndex == h.grant().LockIndex {
+	// st is nil on the first attempt: the hold believes it holds.
+	if hd, ok := st.holderOrSelf(h.session, h.grant().LockIndex); ok && hd.LockIndex == h.grant().LockIndex {
 		h.mu.Lock()
 		value := h.value
 		h.mu.Unlock()

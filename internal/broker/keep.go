@@ -158,7 +158,17 @@ func (h *hold) conclude(ctx context.Context, o Outcome) error {
 		h.b.log.Info("hold resumed on another replica", zap.String("key", seq.Key), zap.String("session", seq.Session))
 		return h.sendLost(LostResumedElsewhere, "the hold was resumed on another broker replica; this stream ends without touching it")
 	case OutcomeShutdown:
-		err := h.sendLost(LostBrokerShutdown, fmt.Sprintf("the broker is shutting down; resume the hold on another replica with this sequencer within its TTL (%s)", h.ttl))
+		// The promise never reaches past the drain: holds nobody resumed
+		// are released when it ends.
+		until := h.b.drainDeadline()
+		if h.ren != nil && h.ren.safeUntil().Before(until) {
+			until = h.ren.safeUntil()
+		}
+		var err error
+		if !mutantNoLossNotice {
+			err = h.send(Event{Kind: EventLost, Reason: LostBrokerShutdown, Sequencer: h.grant(), GuaranteedFor: max(time.Until(until), 0),
+				Detail: "the broker is shutting down; resume the hold on another replica with this sequencer before guaranteed_for runs out"})
+		}
 		h.drain(ctx)
 		return err
 	}

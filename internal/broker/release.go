@@ -120,6 +120,9 @@ func (h *hold) releaseOps(st *State) ([]Op, error) {
 	h.mu.Lock()
 	value := h.value
 	h.mu.Unlock()
+	if hd, ok := st.holderOrSelf(h.session, h.grant().LockIndex); ok && hd.Value != nil {
+		value = hd.Value
+	}
 	return append(ops, unlockOps(h.spec.Key, h.session, value, h.del)...), nil
 }
 

@@ -136,6 +136,15 @@ func deriveState(key string, entries []*Entry, index uint64) *State {
 	return st
 }
 
+// holderOrSelf is holder, except that a nil state (not read) counts as
+// held by session with lockIndex.
+func (st *State) holderOrSelf(session string, lockIndex uint64) (Holder, bool) {
+	if st == nil {
+		return Holder{Session: session, LockIndex: lockIndex}, true
+	}
+	return st.holder(session)
+}
+
 // holds reports whether session is among the holders.
 func (st *State) holder(session string) (Holder, bool) {
 	for _, h := range st.Holders {

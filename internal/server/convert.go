@@ -110,9 +110,11 @@ func eventToProto(e broker.Event) *lockbrokerv1.AcquireResponse {
 			GuaranteedFor: durationpb.New(e.GuaranteedFor),
 		}}}
 	case broker.EventLost:
-		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Lost{Lost: &lockbrokerv1.AcquireLost{
-			Reason: reasons[e.Reason], Detail: e.Detail,
-		}}}
+		lost := &lockbrokerv1.AcquireLost{Reason: reasons[e.Reason], Detail: e.Detail}
+		if e.Reason == broker.LostBrokerShutdown {
+			lost.GuaranteedFor = durationpb.New(e.GuaranteedFor)
+		}
+		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Lost{Lost: lost}}
 	default:
 		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Released{Released: &lockbrokerv1.AcquireReleased{
 			Sequencer: seqToProto(e.Sequencer),

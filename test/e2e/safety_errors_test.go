@@ -61,7 +61,7 @@ func TestDeadSessionAndForeignLockEndAtOnce(t *testing.T) {
 			t.Logf("limit %d: %v after %s, %d Raft writes", limit, status.Code(err), took, writes)
 			assert.Equal(t, codes.NotFound, status.Code(err), "%v", err)
 			assert.Less(t, took, time.Second)
-			assert.LessOrEqual(t, writes, uint64(8), "a handful of writes, not a retry storm")
+			assert.LessOrEqual(t, writes, uint64(10), "a handful of writes (the agent adds a few of its own), not a retry storm")
 			pairs, _, err := kv.List(key+"/", &api.QueryOptions{RequireConsistent: true})
 			require.NoError(t, err)
 			for _, p := range pairs {
@@ -94,7 +94,10 @@ func TestDeadSessionAndForeignLockEndAtOnce(t *testing.T) {
 				t.Logf("%v after %s, %d Raft writes", status.Code(err), took, writes)
 				assert.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
 				assert.Less(t, took, time.Second)
-				assert.LessOrEqual(t, writes, uint64(4), "session create and destroy, at most a contender write and its removal")
+				// The broker makes 2 (session create and destroy); the agent
+				// adds a few of its own on a busy machine (coordinates,
+				// anti-entropy). The defect made about 1,000.
+				assert.LessOrEqual(t, writes, uint64(10), "a handful of writes, not a retry storm")
 				pairs, _, err := kv.List(key, &api.QueryOptions{RequireConsistent: true})
 				require.NoError(t, err)
 				require.Len(t, pairs, 1, "only the foreign .lock is left: %v", pairs)

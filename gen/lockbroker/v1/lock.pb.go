@@ -797,7 +797,13 @@ type AcquireLost struct {
 	// Why.
 	Reason LostReason `protobuf:"varint,1,opt,name=reason,proto3,enum=lockbroker.v1.LostReason" json:"reason,omitempty"`
 	// Details for humans.
-	Detail        string `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	Detail string `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
+	// BROKER_SHUTDOWN only: how long the hold stays guaranteed from now,
+	// which is never past the end of the broker's drain (the broker releases
+	// holds nobody resumed then). A client that resumes elsewhere may keep
+	// working until then; one that cannot must stop by then. Absent for
+	// other reasons: the hold is gone now.
+	GuaranteedFor *durationpb.Duration `protobuf:"bytes,3,opt,name=guaranteed_for,json=guaranteedFor,proto3" json:"guaranteed_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -844,6 +850,13 @@ func (x *AcquireLost) GetDetail() string {
 		return x.Detail
 	}
 	return ""
+}
+
+func (x *AcquireLost) GetGuaranteedFor() *durationpb.Duration {
+	if x != nil {
+		return x.GuaranteedFor
+	}
+	return nil
 }
 
 // AcquireReleased ends a stream whose hold was released by Release.
@@ -1495,10 +1508,11 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\x0eguaranteed_for\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\x12\x18\n" +
 	"\aresumed\x18\x03 \x01(\bR\aresumed\"T\n" +
 	"\x10AcquireKeepalive\x12@\n" +
-	"\x0eguaranteed_for\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\"X\n" +
+	"\x0eguaranteed_for\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\"\x9a\x01\n" +
 	"\vAcquireLost\x121\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x19.lockbroker.v1.LostReasonR\x06reason\x12\x16\n" +
-	"\x06detail\x18\x02 \x01(\tR\x06detail\"I\n" +
+	"\x06detail\x18\x02 \x01(\tR\x06detail\x12@\n" +
+	"\x0eguaranteed_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\"I\n" +
 	"\x0fAcquireReleased\x126\n" +
 	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\"m\n" +
 	"\x0eReleaseRequest\x12\x1c\n" +
@@ -1619,31 +1633,32 @@ var file_lockbroker_v1_lock_proto_depIdxs = []int32{
 	22, // 14: lockbroker.v1.AcquireAcquired.guaranteed_for:type_name -> google.protobuf.Duration
 	22, // 15: lockbroker.v1.AcquireKeepalive.guaranteed_for:type_name -> google.protobuf.Duration
 	1,  // 16: lockbroker.v1.AcquireLost.reason:type_name -> lockbroker.v1.LostReason
-	21, // 17: lockbroker.v1.AcquireReleased.sequencer:type_name -> lockbroker.v1.Sequencer
-	24, // 18: lockbroker.v1.WatchResponse.state:type_name -> lockbroker.v1.LockState
-	24, // 19: lockbroker.v1.GetLockResponse.state:type_name -> lockbroker.v1.LockState
-	21, // 20: lockbroker.v1.SetValueResponse.sequencer:type_name -> lockbroker.v1.Sequencer
-	21, // 21: lockbroker.v1.CheckSequencerRequest.sequencer:type_name -> lockbroker.v1.Sequencer
-	24, // 22: lockbroker.v1.CheckSequencerResponse.state:type_name -> lockbroker.v1.LockState
-	4,  // 23: lockbroker.v1.LockService.Acquire:input_type -> lockbroker.v1.AcquireRequest
-	11, // 24: lockbroker.v1.LockService.Release:input_type -> lockbroker.v1.ReleaseRequest
-	13, // 25: lockbroker.v1.LockService.Watch:input_type -> lockbroker.v1.WatchRequest
-	15, // 26: lockbroker.v1.LockService.GetLock:input_type -> lockbroker.v1.GetLockRequest
-	17, // 27: lockbroker.v1.LockService.SetValue:input_type -> lockbroker.v1.SetValueRequest
-	19, // 28: lockbroker.v1.LockService.CheckSequencer:input_type -> lockbroker.v1.CheckSequencerRequest
-	2,  // 29: lockbroker.v1.LockService.TryAcquire:input_type -> lockbroker.v1.TryAcquireRequest
-	5,  // 30: lockbroker.v1.LockService.Acquire:output_type -> lockbroker.v1.AcquireResponse
-	12, // 31: lockbroker.v1.LockService.Release:output_type -> lockbroker.v1.ReleaseResponse
-	14, // 32: lockbroker.v1.LockService.Watch:output_type -> lockbroker.v1.WatchResponse
-	16, // 33: lockbroker.v1.LockService.GetLock:output_type -> lockbroker.v1.GetLockResponse
-	18, // 34: lockbroker.v1.LockService.SetValue:output_type -> lockbroker.v1.SetValueResponse
-	20, // 35: lockbroker.v1.LockService.CheckSequencer:output_type -> lockbroker.v1.CheckSequencerResponse
-	3,  // 36: lockbroker.v1.LockService.TryAcquire:output_type -> lockbroker.v1.TryAcquireResponse
-	30, // [30:37] is the sub-list for method output_type
-	23, // [23:30] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	22, // 17: lockbroker.v1.AcquireLost.guaranteed_for:type_name -> google.protobuf.Duration
+	21, // 18: lockbroker.v1.AcquireReleased.sequencer:type_name -> lockbroker.v1.Sequencer
+	24, // 19: lockbroker.v1.WatchResponse.state:type_name -> lockbroker.v1.LockState
+	24, // 20: lockbroker.v1.GetLockResponse.state:type_name -> lockbroker.v1.LockState
+	21, // 21: lockbroker.v1.SetValueResponse.sequencer:type_name -> lockbroker.v1.Sequencer
+	21, // 22: lockbroker.v1.CheckSequencerRequest.sequencer:type_name -> lockbroker.v1.Sequencer
+	24, // 23: lockbroker.v1.CheckSequencerResponse.state:type_name -> lockbroker.v1.LockState
+	4,  // 24: lockbroker.v1.LockService.Acquire:input_type -> lockbroker.v1.AcquireRequest
+	11, // 25: lockbroker.v1.LockService.Release:input_type -> lockbroker.v1.ReleaseRequest
+	13, // 26: lockbroker.v1.LockService.Watch:input_type -> lockbroker.v1.WatchRequest
+	15, // 27: lockbroker.v1.LockService.GetLock:input_type -> lockbroker.v1.GetLockRequest
+	17, // 28: lockbroker.v1.LockService.SetValue:input_type -> lockbroker.v1.SetValueRequest
+	19, // 29: lockbroker.v1.LockService.CheckSequencer:input_type -> lockbroker.v1.CheckSequencerRequest
+	2,  // 30: lockbroker.v1.LockService.TryAcquire:input_type -> lockbroker.v1.TryAcquireRequest
+	5,  // 31: lockbroker.v1.LockService.Acquire:output_type -> lockbroker.v1.AcquireResponse
+	12, // 32: lockbroker.v1.LockService.Release:output_type -> lockbroker.v1.ReleaseResponse
+	14, // 33: lockbroker.v1.LockService.Watch:output_type -> lockbroker.v1.WatchResponse
+	16, // 34: lockbroker.v1.LockService.GetLock:output_type -> lockbroker.v1.GetLockResponse
+	18, // 35: lockbroker.v1.LockService.SetValue:output_type -> lockbroker.v1.SetValueResponse
+	20, // 36: lockbroker.v1.LockService.CheckSequencer:output_type -> lockbroker.v1.CheckSequencerResponse
+	3,  // 37: lockbroker.v1.LockService.TryAcquire:output_type -> lockbroker.v1.TryAcquireResponse
+	31, // [31:38] is the sub-list for method output_type
+	24, // [24:31] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_lockbroker_v1_lock_proto_init() }

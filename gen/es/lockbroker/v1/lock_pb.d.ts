@@ -366,6 +366,17 @@ export declare type AcquireLost = Message<"lockbroker.v1.AcquireLost"> & {
    * @generated from field: string detail = 2;
    */
   detail: string;
+
+  /**
+   * BROKER_SHUTDOWN only: how long the hold stays guaranteed from now,
+   * which is never past the end of the broker's drain (the broker releases
+   * holds nobody resumed then). A client that resumes elsewhere may keep
+   * working until then; one that cannot must stop by then. Absent for
+   * other reasons: the hold is gone now.
+   *
+   * @generated from field: google.protobuf.Duration guaranteed_for = 3;
+   */
+  guaranteedFor?: Duration | undefined;
 };
 
 /**

@@ -37,12 +37,14 @@ class AcquireKeepalive(_message.Message):
     def __init__(self, guaranteed_for: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class AcquireLost(_message.Message):
-    __slots__ = ["detail", "reason"]
+    __slots__ = ["detail", "guaranteed_for", "reason"]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    GUARANTEED_FOR_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     detail: str
+    guaranteed_for: _duration_pb2.Duration
     reason: LostReason
-    def __init__(self, reason: _Optional[_Union[LostReason, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+    def __init__(self, reason: _Optional[_Union[LostReason, str]] = ..., detail: _Optional[str] = ..., guaranteed_for: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class AcquireQueued(_message.Message):
     __slots__ = ["lock_delay_remaining", "session_id", "state"]
