@@ -79,9 +79,23 @@ func (l *Link) Latency(latency, jitter int) error {
 	return l.add("latency-down", "latency", "downstream", attrs)
 }
 
-// Reset resets (TCP RST) every connection that sends data while it lasts.
+// Reset closes every open connection of the link at once, then resets
+// (TCP RST) every connection that sends data while it lasts.
 func (l *Link) Reset() error {
+	if err := l.Cut(); err != nil {
+		return err
+	}
 	return l.add("reset", "reset_peer", "upstream", `{"timeout":0}`)
+}
+
+// Cut closes every open connection of the link (both ends see it end);
+// the link keeps accepting new ones, on the same address.
+func (l *Link) Cut() error {
+	l.p.Stop()
+	if err := l.p.Start(); err != nil {
+		return fmt.Errorf("%s: restart proxy: %w", l.Name, err)
+	}
+	return nil
 }
 
 // Heal removes every toxic (a blackhole's connections are then closed).

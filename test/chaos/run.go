@@ -62,7 +62,7 @@ var Profiles = map[string]Profile{
 		Must: []string{FClientFreezeReset, FBrokerTerm, FClientFreeze}},
 }
 
-// MutantProfile is the short run a mutant gets: 35s of chaos and no quiet
+// MutantProfile is the short run a mutant gets: 25s of chaos and no quiet
 // period, with the faults that exercise what the mutant breaks placed
 // first (admin session destroys for no-loss-notice, a client freeze for
 // no-fencing, rolling restarts and client link resets for
@@ -70,7 +70,7 @@ var Profiles = map[string]Profile{
 func MutantProfile(mutant string) Profile {
 	p := Profiles["short"]
 	p.Name = "mutant-" + mutant
-	p.Total, p.ChaosLen, p.QuietLen = 35*time.Second, 35*time.Second, 0
+	p.Total, p.ChaosLen, p.QuietLen = 25*time.Second, 25*time.Second, 0
 	p.CheckLiveness = false
 	p.Lib, p.Raw, p.Sem, p.Elect, p.Observers = 12, 2, 3, 3, 1
 	p.LockKeys = 3
@@ -210,11 +210,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		c.Close()
 	}
 	r.logf("stopping brokers (SIGTERM)")
+	var bwg sync.WaitGroup
 	for _, b := range r.brokers {
-		if err := b.Term(); err != nil {
-			r.exit(err.Error())
-		}
+		bwg.Go(func() {
+			if err := b.Term(); err != nil {
+				r.exit(err.Error())
+			}
+		})
 	}
+	bwg.Wait()
 	left := r.leftovers(ctx, before)
 	duration := time.Since(started)
 	return r.report(snap, sched, left, duration), nil
@@ -246,7 +250,11 @@ func StartCluster(ctx context.Context, dir string) (*consultest.Cluster, error) 
 }
 
 func (r *run) logf(format string, args ...any) {
-	fmt.Fprintf(r.cfg.Progress, "[chaos %7.1fs] %s\n", r.hist.Now().Seconds(), fmt.Sprintf(format, args...))
+	tag := "real"
+	if r.cfg.Mutant != "" {
+		tag = r.cfg.Mutant
+	}
+	fmt.Fprintf(r.cfg.Progress, "[%s %6.1fs] %s\n", tag, r.hist.Now().Seconds(), fmt.Sprintf(format, args...))
 }
 
 func (r *run) exit(msg string) {
@@ -402,6 +410,9 @@ func (r *run) sessions(ctx context.Context) (map[string]bool, error) {
 func (r *run) leftovers(ctx context.Context, before map[string]bool) Leftovers {
 	var l Leftovers
 	deadline := time.Now().Add(2*r.p.TTL + 5*time.Second)
+	if r.cfg.Mutant != "" {
+		deadline = time.Now() // a mutant is not judged on leaks: look once
+	}
 	for {
 		l.Sessions, l.Keys = nil, nil
 		all, err := r.sessions(ctx)
@@ -622,27 +633,39 @@ func (r *run) inject(ctx context.Context, p Planned) {
 		}
 		r.end(f)
 	case FClientFreeze, FClientFreezeReset:
-		var cands []*Client
+		// Freeze a client that holds a lock now (so that its stale write
+		// tests the token), else any lock client.
+		holding := map[int]bool{}
+		for _, h := range r.hist.Current() {
+			if h.Limit == 1 && !h.Paused {
+				holding[h.Client] = true
+			}
+		}
+		var cands, all []*Client
 		for _, c := range r.clients {
 			if c.Kind == KindLib || c.Kind == KindRaw || c.Kind == KindElect {
-				cands = append(cands, c)
+				all = append(all, c)
+				if holding[c.ID] {
+					cands = append(cands, c)
+				}
 			}
+		}
+		if len(cands) == 0 {
+			cands = all
 		}
 		c := cands[pick(len(cands))]
 		f := r.start(Fault{Kind: p.Kind, Target: c.Name(), Note: p.Dur.String()})
 		fr := Freeze{Client: c.ID, Start: f.Start, Silent: p.Kind == FClientFreeze}
 		c.gate.Freeze()
-		if p.Kind == FClientFreezeReset { // its connections die at once
-			for _, l := range c.Links {
-				_ = l.Reset()
-			}
-			sleep(ctx, 300*time.Millisecond)
-			for _, l := range c.Links {
-				l.Heal()
-			}
-		}
 		for _, l := range c.Links {
-			_ = l.Blackhole()
+			if err := l.Blackhole(); err != nil {
+				r.note(p.Kind + ": " + err.Error())
+			}
+			if p.Kind == FClientFreezeReset { // its connections die at once
+				if err := l.Cut(); err != nil {
+					r.note(p.Kind + ": " + err.Error())
+				}
+			}
 		}
 		hold()
 		for _, l := range c.Links {

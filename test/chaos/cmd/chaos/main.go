@@ -21,6 +21,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -142,47 +143,88 @@ func run() int {
 
 	status := 0
 	var summary []string
-	for _, m := range runs {
-		rp := p
-		name := "real"
+	realFailed := map[string]bool{}
+	one := func(m string) (*chaos.Report, error) {
+		rp, name := p, "real"
 		if m != "" {
-			rp = chaos.MutantProfile(m)
-			name = "mutant " + m
+			rp, name = chaos.MutantProfile(m), "mutant-"+m
 		}
-		dir := filepath.Join(*out, strings.ReplaceAll(name, " ", "-"))
+		dir := filepath.Join(*out, name)
 		rep, err := chaos.Run(ctx, chaos.Config{Profile: rp, Seed: seed, Mutant: m, BrokerBin: bins[chaos.Mutants[m]],
 			OutDir: dir, Cluster: cluster, Progress: os.Stdout})
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "chaos: %s: %v\n", name, err)
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		if err := rep.WriteJSON(filepath.Join(dir, "report.json")); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
+		}
+		return rep, nil
+	}
+	var muts []string
+	for _, m := range runs {
+		if m != "" {
+			muts = append(muts, m)
+			continue
+		}
+		rep, err := one("")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
 			return 2
 		}
 		rep.Print(os.Stdout)
-		path := filepath.Join(dir, "report.json")
-		if err := rep.WriteJSON(path); err != nil {
-			fmt.Fprintln(os.Stderr, "chaos:", err)
-		}
+		fmt.Printf("report: %s\n", filepath.Join(rep.OutDir, "report.json"))
 		failed := rep.Failed()
-		sort.Strings(failed)
-		switch {
-		case m == "" && len(failed) == 0:
+		for _, f := range failed {
+			realFailed[f] = true
+		}
+		if len(failed) == 0 {
 			summary = append(summary, "real build: PASS (every checker ok)")
-		case m == "":
+		} else {
 			summary = append(summary, "real build: FAIL, violations found by: "+strings.Join(failed, ", "))
 			status = 1
-		case len(failed) > 0:
-			summary = append(summary, fmt.Sprintf("mutant %s: caught by %s", m, strings.Join(failed, ", ")))
+		}
+	}
+	// The mutants run side by side on the shared cluster (their own
+	// brokers, clients and keys): they are short and mostly waiting.
+	reps := make([]*chaos.Report, len(muts))
+	errs := make([]error, len(muts))
+	var wg sync.WaitGroup
+	for i, m := range muts {
+		wg.Go(func() { reps[i], errs[i] = one(m) })
+	}
+	wg.Wait()
+	for i, m := range muts {
+		if errs[i] != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", errs[i])
+			return 2
+		}
+		rep := reps[i]
+		rep.Print(os.Stdout)
+		fmt.Printf("report: %s\n", filepath.Join(rep.OutDir, "report.json"))
+		// A mutant is judged by the checkers that bite what it breaks:
+		// leftovers are no mutant's defect.
+		var caught []string
+		for _, f := range rep.Failed() {
+			if f == chaos.CheckerLeaks {
+				continue
+			}
+			if realFailed[f] {
+				f += " (also failed on the real build)"
+			}
+			caught = append(caught, f)
+		}
+		sort.Strings(caught)
+		switch {
+		case len(caught) > 0:
+			summary = append(summary, fmt.Sprintf("mutant %s: caught by %s", m, strings.Join(caught, ", ")))
 			if !*mutants {
 				status = 1 // a single mutant run fails when caught, as it must
 			}
 		default:
-			summary = append(summary, fmt.Sprintf("mutant %s: NOT CAUGHT (every checker passed)", m))
+			summary = append(summary, fmt.Sprintf("mutant %s: NOT CAUGHT (every checker that judges mutants passed)", m))
 			if *mutants {
 				status = 1
 			}
-		}
-		fmt.Printf("report: %s\n", path)
-		if ctx.Err() != nil {
-			break
 		}
 	}
 	fmt.Println()
