@@ -60,6 +60,7 @@ const (
 	ReasonUnauthenticated        Reason = "UNAUTHENTICATED"
 	ReasonQuotaExceeded          Reason = "QUOTA_EXCEEDED"
 	ReasonInternal               Reason = "INTERNAL"
+	ReasonConsulRejected         Reason = "CONSUL_REJECTED"
 )
 
 // Error is a domain error with what a client needs to act on it. It wraps

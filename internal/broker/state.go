@@ -93,27 +93,7 @@ func deriveState(key string, entries []*Entry, index uint64) *State {
 		}
 	}
 	if st.semLock != nil && st.semLock.Flags == SemaphoreFlagValue {
-		st.Kind = KindSemaphore
-		var body semBody
-		if err := json.Unmarshal(st.semLock.Value, &body); err != nil {
-			st.semErr = fmt.Errorf("%w: semaphore %q has a malformed .lock body: %v", ErrConflict, key, err)
-			return st
-		}
-		if body.Limit <= 0 || body.Limit > maxLimit {
-			st.semErr = fmt.Errorf("%w: semaphore %q has a bad stored limit %d", ErrConflict, key, body.Limit)
-			return st
-		}
-		if body.Holders == nil {
-			body.Holders = map[string]bool{} // api.Semaphore writes into it
-		}
-		st.sem = &body
-		st.Limit = uint32(body.Limit)
-		for sid := range body.Holders {
-			if c, ok := st.contenders[sid]; ok {
-				st.Holders = append(st.Holders, Holder{Session: sid, Value: c.Value, LockIndex: c.LockIndex, CreateIndex: c.CreateIndex})
-			}
-		}
-		sort.Slice(st.Holders, func(i, j int) bool { return st.Holders[i].CreateIndex < st.Holders[j].CreateIndex })
+		st.deriveSemaphore()
 		return st
 	}
 	if st.lock != nil {
@@ -134,6 +114,32 @@ func deriveState(key string, entries []*Entry, index uint64) *State {
 		}
 	}
 	return st
+}
+
+// deriveSemaphore fills a semaphore's limit and holders from its `.lock`
+// body: the sessions it lists that still hold their contender entry.
+func (st *State) deriveSemaphore() {
+	st.Kind = KindSemaphore
+	var body semBody
+	if err := json.Unmarshal(st.semLock.Value, &body); err != nil {
+		st.semErr = fmt.Errorf("%w: semaphore %q has a malformed .lock body: %v", ErrConflict, st.Key, err)
+		return
+	}
+	if body.Limit <= 0 || body.Limit > maxLimit {
+		st.semErr = fmt.Errorf("%w: semaphore %q has a bad stored limit %d", ErrConflict, st.Key, body.Limit)
+		return
+	}
+	if body.Holders == nil {
+		body.Holders = map[string]bool{} // api.Semaphore writes into it
+	}
+	st.sem = &body
+	st.Limit = uint32(body.Limit)
+	for sid := range body.Holders {
+		if c, ok := st.contenders[sid]; ok {
+			st.Holders = append(st.Holders, Holder{Session: sid, Value: c.Value, LockIndex: c.LockIndex, CreateIndex: c.CreateIndex})
+		}
+	}
+	sort.Slice(st.Holders, func(i, j int) bool { return st.Holders[i].CreateIndex < st.Holders[j].CreateIndex })
 }
 
 // holderOrSelf is holder, except that a nil state (not read) counts as

@@ -26,11 +26,6 @@ const ErrorDomain = "lockbroker.v1"
 // Consul nor the domain said how long to wait.
 const DefaultRetryDelay = time.Second
 
-// reasonConsulRejected is the reason for a request Consul refused as
-// malformed or too large (a 4xx other than 403, 404 and 429): a broker bug
-// or a Consul limit. It is not yet a lockbroker.v1.ErrorReason value.
-const reasonConsulRejected broker.Reason = "CONSUL_REJECTED"
-
 // sentinelCodes gives the code of each domain sentinel, and the reason to
 // use when the error does not carry one of its own. The order matters only
 // for errors that wrap more than one sentinel: the first match wins.
@@ -104,7 +99,7 @@ func classify(err error) (code codes.Code, reason broker.Reason, known bool) {
 	var se *broker.StoreError
 	if errors.As(err, &se) {
 		// StoreUnavailable and StorePermissionDenied matched a sentinel.
-		return codes.FailedPrecondition, reasonConsulRejected, true
+		return codes.FailedPrecondition, broker.ReasonConsulRejected, true
 	}
 	var te *broker.TxnError
 	if errors.As(err, &te) {

@@ -125,7 +125,7 @@ func TestToStatus(t *testing.T) {
 			assert.Equal(t, "lockbroker.v1", d.info.GetDomain())
 			assert.Equal(t, tt.meta, nilIfEmpty(d.info.GetMetadata()))
 			_, inEnum := lockbrokerv1.ErrorReason_value["ERROR_REASON_"+tt.reason]
-			assert.True(t, inEnum || tt.reason == string(reasonConsulRejected), "reason %s is not an ErrorReason", tt.reason)
+			assert.True(t, inEnum || tt.reason == string(broker.ReasonConsulRejected), "reason %s is not an ErrorReason", tt.reason)
 			if tt.code == codes.InvalidArgument {
 				require.NotNil(t, d.badRequest, "INVALID_ARGUMENT carries a BadRequest")
 				require.Len(t, d.badRequest.GetFieldViolations(), 1)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
-	"github.com/lockbroker/lockbroker/test/testbroker"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -23,7 +23,7 @@ import (
 // with an empty environment so that the host cannot change the result.
 func loadProject(t *testing.T) (*types.Project, string) {
 	t.Helper()
-	root := testbroker.RepoRoot(t)
+	root := brokertest.RepoRoot(t)
 	p, err := loader.LoadWithContext(context.Background(), types.ConfigDetails{
 		WorkingDir:  root,
 		ConfigFiles: []types.ConfigFile{{Filename: filepath.Join(root, "docker-compose.yml")}},
@@ -91,7 +91,7 @@ func TestComposeHealthChecks(t *testing.T) {
 	assert.Equal(t, "CMD", test[0], "the image is distroless: there is no shell for CMD-SHELL")
 	assert.Contains(t, strings.Join(test, " "), "http://127.0.0.1:8701/healthz")
 	// The checking binary must exist in the image.
-	df := parseDockerfile(t, filepath.Join(testbroker.RepoRoot(t), "Dockerfile"))
+	df := parseDockerfile(t, filepath.Join(brokertest.RepoRoot(t), "Dockerfile"))
 	final := df.stages[len(df.stages)-1]
 	var copied []string
 	for _, in := range final.instrs {

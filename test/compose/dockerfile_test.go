@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/lockbroker/lockbroker/test/testbroker"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -79,7 +79,7 @@ func (s stage) all(cmd string) []string {
 var goBuildRE = regexp.MustCompile(`CGO_ENABLED=0 go build -trimpath -o (\S+) (\./cmd/\w+)`)
 
 func TestDockerfile(t *testing.T) {
-	root := testbroker.RepoRoot(t)
+	root := brokertest.RepoRoot(t)
 	df := parseDockerfile(t, filepath.Join(root, "Dockerfile"))
 	require.Len(t, df.stages, 2, "a build stage and a final stage")
 	build, final := df.stages[0], df.stages[1]
@@ -110,7 +110,7 @@ func TestDockerfile(t *testing.T) {
 // (the image adds CGO_ENABLED=0 and -trimpath for a static, reproducible
 // binary).
 func TestMakefileBuildsLikeDockerfile(t *testing.T) {
-	root := testbroker.RepoRoot(t)
+	root := brokertest.RepoRoot(t)
 	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
 	if os.IsNotExist(err) {
 		t.Skip("no Makefile yet")

@@ -90,6 +90,11 @@ const (
 	ErrorReason_ERROR_REASON_QUOTA_EXCEEDED ErrorReason = 17
 	// INTERNAL: a broker bug. Never caused by Consul failures.
 	ErrorReason_ERROR_REASON_INTERNAL ErrorReason = 18
+	// FAILED_PRECONDITION: Consul refused a request as malformed or too large
+	// (a 4xx other than 403 and 429): a broker bug or one of Consul's limits
+	// (a session check that does not exist, a value over Consul's size
+	// limit). Retrying does not help until that changes.
+	ErrorReason_ERROR_REASON_CONSUL_REJECTED ErrorReason = 19
 )
 
 // Enum value maps for ErrorReason.
@@ -114,6 +119,7 @@ var (
 		16: "ERROR_REASON_UNAUTHENTICATED",
 		17: "ERROR_REASON_QUOTA_EXCEEDED",
 		18: "ERROR_REASON_INTERNAL",
+		19: "ERROR_REASON_CONSUL_REJECTED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":              0,
@@ -135,6 +141,7 @@ var (
 		"ERROR_REASON_UNAUTHENTICATED":          16,
 		"ERROR_REASON_QUOTA_EXCEEDED":           17,
 		"ERROR_REASON_INTERNAL":                 18,
+		"ERROR_REASON_CONSUL_REJECTED":          19,
 	}
 )
 
@@ -169,7 +176,7 @@ var File_lockbroker_v1_errors_proto protoreflect.FileDescriptor
 
 const file_lockbroker_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1alockbroker/v1/errors.proto\x12\rlockbroker.v1*\x87\x05\n" +
+	"\x1alockbroker/v1/errors.proto\x12\rlockbroker.v1*\xa9\x05\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dERROR_REASON_INVALID_ARGUMENT\x10\x01\x12\x1a\n" +
@@ -190,7 +197,8 @@ const file_lockbroker_v1_errors_proto_rawDesc = "" +
 	"\x1eERROR_REASON_PERMISSION_DENIED\x10\x0f\x12 \n" +
 	"\x1cERROR_REASON_UNAUTHENTICATED\x10\x10\x12\x1f\n" +
 	"\x1bERROR_REASON_QUOTA_EXCEEDED\x10\x11\x12\x19\n" +
-	"\x15ERROR_REASON_INTERNAL\x10\x12BAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3"
+	"\x15ERROR_REASON_INTERNAL\x10\x12\x12 \n" +
+	"\x1cERROR_REASON_CONSUL_REJECTED\x10\x13BAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3"
 
 var (
 	file_lockbroker_v1_errors_proto_rawDescOnce sync.Once
