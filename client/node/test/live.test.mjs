@@ -138,6 +138,7 @@ test("leader election: campaign, leader, observe shows resignation", () =>
         // aborted
       }
     })();
+    await waitFor(() => seen.length > 0, 5000, "first observation");
     const lead = await e1.campaign("node-1");
     assert.equal(text((await e2.leader()).value), "node-1");
     await waitFor(() => seen.includes("node-1"), 5000, "observed leader");

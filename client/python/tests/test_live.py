@@ -79,6 +79,7 @@ def test_election(broker, key):
         obs = e2.observe()
         t = threading.Thread(target=lambda: [seen.append(h.value if h else None) for h in obs], daemon=True)
         t.start()
+        wait_for(lambda: seen, 5, "first observation")
         lead = e1.campaign(b"py-1")
         assert e2.leader().value == b"py-1"
         wait_for(lambda: b"py-1" in seen, 5, "observed leader")
