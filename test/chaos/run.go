@@ -420,7 +420,9 @@ func (r *run) leftovers(ctx context.Context, before map[string]bool) Leftovers {
 			l.Sessions = []string{"(cannot list sessions: " + err.Error() + ")"}
 		}
 		for id := range all {
-			if !before[id] {
+			// Mutant runs share the cluster side by side, so a new session
+			// may be another run's; they are not judged on leaks anyway.
+			if !before[id] && r.cfg.Mutant == "" {
 				l.Sessions = append(l.Sessions, id)
 			}
 		}
