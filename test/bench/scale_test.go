@@ -4,13 +4,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
@@ -18,117 +19,293 @@ import (
 )
 
 var (
-	scale         = flag.Bool("scale", false, "run TestScale (make bench runs it)")
-	scaleHolds    = flag.Int("scale.holds", 10000, "concurrent holds for TestScale")
-	scaleWatchers = flag.Int("scale.watchers", 1000, "watchers for TestScale")
+	scale             = flag.Bool("scale", false, "run TestScale (make bench runs it)")
+	scaleHolds        = flag.Int("scale.holds", 10000, "concurrent holds, one per top-level prefix t<i>/lock")
+	scaleWatchers     = flag.Int("scale.watchers", 1000, "Watch streams, one per watched hold key")
+	scaleWindow       = flag.Duration("scale.window", 60*time.Second, "how long the holds are kept once all are acquired")
+	scaleAcquireLimit = flag.Duration("scale.acquire-limit", 3*time.Minute, "how long to wait for every hold to be acquired")
+	scaleLoss         = flag.Int("scale.loss", 10, "loss-notice samples on holds without a watcher, after the window")
 )
 
-// TestScale measures one replica holding many locks and serving many
-// watchers (DESIGN.md: 10,000 holds and 1,000 watchers within Consul's 200
-// connections per client). It prints figures; it asserts only that every
-// hold was granted and that loss is still detected.
+// scaleHold is one hold's stream as its reader goroutine sees it.
+type scaleHold struct {
+	key    string
+	seq    atomic.Pointer[lockbrokerv1.Sequencer]
+	victim atomic.Bool    // its session is destroyed on purpose
+	lostCh chan time.Time // when a victim's `lost` arrived
+}
+
+// TestScale is issue 10 item 1 / issue 12's scale row: one replica holds
+// 10,000 locks on 10,000 distinct top-level prefixes (t<i>/lock) and serves
+// 1,000 watchers of some of those keys, against an agent that enforces
+// http_max_conns_per_client = 200. It prints figures; it asserts only that
+// the run completed.
 func TestScale(t *testing.T) {
 	if !*scale {
 		t.Skip("run with -scale (make bench)")
 	}
 	agent := consultest.Start(t, consultest.WithHCL(`limits { http_max_conns_per_client = 200 }`))
+	_, portStr, _ := net.SplitHostPort(agent.HTTPAddr())
+	port, _ := strconv.Atoi(portStr)
 	r := brokertest.Start(t, agent)
-	conn := r.Conn(t)
-	c := lockbrokerv1.NewLockServiceClient(conn)
+	c := lockbrokerv1.NewLockServiceClient(r.Conn(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	nHolds, nWatchers := *scaleHolds, min(*scaleWatchers, *scaleHolds)
+	watchEvery := max(nHolds/max(nWatchers, 1), 1) // watcher w watches hold w*watchEvery
 
-	var ms0 runtime.MemStats
 	runtime.GC()
-	runtime.ReadMemStats(&ms0)
+	g0 := goroutineCounts()
+	rss0, _ := rssKiB()
 
-	type held struct {
-		seq    *lockbrokerv1.Sequencer
-		events lockbrokerv1.LockService_AcquireClient
+	// Sample connections to the agent and blocking queries all along.
+	var maxConns, maxBlocking, maxQueued atomic.Int64
+	monStop := make(chan struct{})
+	monDone := make(chan struct{})
+	sample := func() {
+		setMax(&maxConns, int64(consulConns(port)))
+		setMax(&maxBlocking, r.Store.OpenBlockingQueries())
+		setMax(&maxQueued, r.Store.QueuedBlockingQueries())
 	}
-	holds := make([]held, *scaleHolds)
-	start := time.Now()
-	var wg sync.WaitGroup
-	var failed atomic.Int64
-	sem := make(chan struct{}, 64)
-	for i := range holds {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			st, err := c.Acquire(ctx, &lockbrokerv1.AcquireRequest{
-				Key:     fmt.Sprintf("scale/%d", i),
-				Session: &lockbrokerv1.AcquireRequest_NewSession{NewSession: &lockbrokerv1.SessionOptions{Ttl: durationpb.New(60 * time.Second), LockDelay: durationpb.New(0)}},
-			})
-			if err != nil {
-				failed.Add(1)
-				return
-			}
-			resp, err := st.Recv()
-			if err != nil || resp.GetAcquired() == nil {
-				t.Errorf("hold %d: %v", i, err)
-				failed.Add(1)
-				return
-			}
-			holds[i] = held{resp.GetAcquired().GetSequencer(), st}
-		}()
-	}
-	wg.Wait()
-	acquireAll := time.Since(start)
-	if failed.Load() > 0 {
-		t.Fatalf("%d holds failed", failed.Load())
-	}
-
-	// Watchers: 1,000 streams over 100 keys.
-	for i := range *scaleWatchers {
-		w, err := c.Watch(ctx, &lockbrokerv1.WatchRequest{Key: fmt.Sprintf("scale/%d", i%100)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := w.Recv(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(2 * time.Second) // let watches settle before reading the gauges
-	blocking := r.Store.OpenBlockingQueries()
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-
-	// Loss is still detected through the shared watches.
-	victim := holds[len(holds)-1]
-	lostAt := make(chan time.Duration, 1)
 	go func() {
-		t0 := time.Now()
+		defer close(monDone)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
 		for {
-			resp, err := victim.events.Recv()
-			if err != nil {
+			sample()
+			select {
+			case <-monStop:
 				return
-			}
-			if resp.GetLost() != nil {
-				lostAt <- time.Since(t0)
-				return
+			case <-tick.C:
 			}
 		}
 	}()
-	if _, err := agent.Client().Session().Destroy(victim.seq.GetSessionId(), nil); err != nil {
-		t.Fatal(err)
-	}
-	var lossLatency time.Duration
-	select {
-	case lossLatency = <-lostAt:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no lost event within 10s")
-	}
+	stopMonitor := sync.OnceFunc(func() { close(monStop); <-monDone })
+	defer stopMonitor()
 
-	t.Logf("holds=%d watchers=%d", *scaleHolds, *scaleWatchers)
-	t.Logf("acquire all: %s (%.0f holds/s)", acquireAll.Round(time.Millisecond), float64(*scaleHolds)/acquireAll.Seconds())
-	t.Logf("open Consul blocking queries: %d", blocking)
-	t.Logf("process heap in use: %.1f MiB (+%.1f MiB), goroutines: %d (includes the test's own client side)",
-		float64(ms.HeapInuse)/(1<<20), float64(ms.HeapInuse-ms0.HeapInuse)/(1<<20), runtime.NumGoroutine())
-	t.Logf("lost after session destroy: %s", lossLatency.Round(time.Millisecond))
-	fmt.Printf("SCALE holds=%d watchers=%d acquire_all=%s blocking_queries=%d heap_inuse_mib=%.1f loss_latency=%s\n",
-		*scaleHolds, *scaleWatchers, acquireAll.Round(time.Millisecond), blocking, float64(ms.HeapInuse)/(1<<20), lossLatency.Round(time.Millisecond))
+	// Watchers first, so they see the holds arrive.
+	var watchReady sync.WaitGroup
+	var watchEvents, watchEnded, watchSeeHolder atomic.Int64
+	var watchErrs errorLog
+	for w := range nWatchers {
+		watchReady.Add(1)
+		go func() {
+			ready := sync.OnceFunc(watchReady.Done)
+			defer ready()
+			st, err := c.Watch(ctx, &lockbrokerv1.WatchRequest{Key: fmt.Sprintf("t%d/lock", w*watchEvery)})
+			if err != nil {
+				watchErrs.add(err)
+				return
+			}
+			if _, err := st.Recv(); err != nil {
+				watchErrs.add(err)
+				return
+			}
+			ready()
+			seen := false
+			for {
+				resp, err := st.Recv()
+				if err != nil {
+					if ctx.Err() == nil {
+						watchEnded.Add(1)
+						watchErrs.add(err)
+					}
+					return
+				}
+				watchEvents.Add(1)
+				if !seen && len(resp.GetState().GetHolders()) > 0 {
+					seen = true
+					watchSeeHolder.Add(1)
+				}
+			}
+		}()
+	}
+	t0 := time.Now()
+	if !waitGroupWithin(&watchReady, time.Minute) {
+		watchErrs.add(fmt.Errorf("watchers not all ready within 1m"))
+	}
+	watchersReady := time.Since(t0)
+
+	// Holds: every Acquire at once, default session options.
+	holds := make([]*scaleHold, nHolds)
+	var acquired, lost, ended atomic.Int64
+	var acqErrs, lossErrs errorLog
+	allAcquired := make(chan struct{})
+	var lastAcquired atomic.Int64 // unix nanos
+	start := time.Now()
+	for i := range holds {
+		h := &scaleHold{key: fmt.Sprintf("t%d/lock", i), lostCh: make(chan time.Time, 1)}
+		holds[i] = h
+		go func() {
+			st, err := c.Acquire(ctx, &lockbrokerv1.AcquireRequest{Key: h.key})
+			if err != nil {
+				acqErrs.add(err)
+				return
+			}
+			for {
+				resp, err := st.Recv()
+				switch {
+				case err != nil:
+					if ctx.Err() == nil {
+						if h.seq.Load() == nil {
+							acqErrs.add(err)
+						} else if !h.victim.Load() {
+							ended.Add(1)
+							lossErrs.add(fmt.Errorf("%s ended: %w", h.key, err))
+						}
+					}
+					return
+				case resp.GetAcquired() != nil:
+					h.seq.Store(resp.GetAcquired().GetSequencer())
+					lastAcquired.Store(time.Now().UnixNano())
+					if acquired.Add(1) == int64(nHolds) {
+						close(allAcquired)
+					}
+				case resp.GetLost() != nil:
+					if h.victim.Load() {
+						h.lostCh <- time.Now()
+						return
+					}
+					lost.Add(1)
+					lossErrs.add(fmt.Errorf("%s lost: %s %s", h.key, resp.GetLost().GetReason(), resp.GetLost().GetDetail()))
+				}
+			}
+		}()
+	}
+	select {
+	case <-allAcquired:
+	case <-time.After(*scaleAcquireLimit):
+	}
+	acquireAll := time.Duration(0)
+	if n := lastAcquired.Load(); n != 0 {
+		acquireAll = time.Unix(0, n).Sub(start)
+	}
+	nAcquired := acquired.Load()
+
+	// Every watcher sees its key's holder before the window starts.
+	t2 := time.Now()
+	for watchSeeHolder.Load() < int64(nWatchers) && time.Since(t2) < 30*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	watchersSaw, watchersSeeing := time.Since(t2), watchSeeHolder.Load()
+
+	// The window: hold everything, then read the gauges.
+	lostBefore, endedBefore, watchBefore := lost.Load(), ended.Load(), watchEvents.Load()
+	time.Sleep(*scaleWindow)
+	lostWindow, endedWindow := lost.Load()-lostBefore, ended.Load()-endedBefore
+	watchWindow := watchEvents.Load() - watchBefore
+	runtime.GC()
+	gDuring := goroutineCounts()
+	rss, hwm := rssKiB()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	blockingNow := r.Store.OpenBlockingQueries()
+
+	// Loss notice for holds without a dedicated watch (no watcher on the
+	// key): destroy their sessions in Consul, time `lost`.
+	var loss latencies
+	var lossSampleErrs errorLog
+	admin := agent.Client()
+	for i, n := len(holds)-1, 0; i >= 0 && n < *scaleLoss; i-- {
+		h := holds[i]
+		seq := h.seq.Load()
+		if i%watchEvery == 0 || seq == nil {
+			continue
+		}
+		n++
+		h.victim.Store(true)
+		t1 := time.Now()
+		if _, err := admin.Session().Destroy(seq.GetSessionId(), nil); err != nil {
+			lossSampleErrs.add(err)
+			continue
+		}
+		select {
+		case at := <-h.lostCh:
+			loss.add(at.Sub(t1))
+		case <-time.After(10 * time.Second):
+			lossSampleErrs.add(fmt.Errorf("%s: no lost within 10s", h.key))
+		}
+	}
+	stopMonitor()
+
+	goroutinesPer := func(kind string) float64 {
+		return float64(gDuring[kind]-g0[kind]) / float64(max(nAcquired, 1))
+	}
+	totalG := func(m map[string]int) int {
+		n := 0
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
+	var tb textTable
+	tb.add("scale figure", "value", "target (issues 10, 12)")
+	tb.add("holds acquired (t<i>/lock, one top-level prefix each)", fmt.Sprintf("%d / %d", nAcquired, nHolds), "all")
+	tb.add("time until all acquired (last `acquired` − first Acquire)", fmtDur(acquireAll, nAcquired == int64(nHolds)), "≤ 10 s")
+	tb.add("watchers (Watch streams, one per watched key)", fmt.Sprintf("%d, ready in %s", nWatchers, watchersReady.Round(time.Millisecond)), "1,000")
+	tb.add(fmt.Sprintf("holds lost during the %s window", *scaleWindow), strconv.FormatInt(lostWindow, 10), "0")
+	tb.add("holds whose stream ended otherwise during the window", strconv.FormatInt(endedWindow, 10), "0")
+	tb.add("holds lost / ended before the window (while acquiring)", fmt.Sprintf("%d / %d", lostBefore, endedBefore), "0")
+	tb.add("watchers that saw their holder / time after all acquired", fmt.Sprintf("%d / %s", watchersSeeing, watchersSaw.Round(time.Millisecond)), "all")
+	tb.add("watch events during the window (no holder changed)", strconv.FormatInt(watchWindow, 10), "0")
+	tb.add("max TCP connections to the agent's HTTP port (whole run)", strconv.FormatInt(maxConns.Load(), 10), "≤ 180")
+	tb.add("max / end-of-window open blocking queries (Store)", fmt.Sprintf("%d / %d", maxBlocking.Load(), blockingNow), "capped")
+	tb.add("max blocking queries queued for a slot", strconv.FormatInt(maxQueued.Load(), 10), "")
+	tb.add("RSS end of window / peak (whole process)", fmt.Sprintf("%.0f / %.0f MiB (+%.0f MiB)", float64(rss)/1024, float64(hwm)/1024, float64(rss-rss0)/1024), "≤ 512 MiB")
+	tb.add("Go heap in use end of window (whole process)", fmt.Sprintf("%.0f MiB", float64(ms.HeapInuse)/(1<<20)), "")
+	tb.add("broker-side goroutines per hold ((during−before)/holds)", fmt.Sprintf("%.2f", goroutinesPer("broker")), "≤ 3")
+	tb.add("client-side goroutines per hold (this test's streams)", fmt.Sprintf("%.2f", goroutinesPer("client")), "")
+	tb.add("goroutines: before → during (broker, client, consul-http, other)",
+		fmt.Sprintf("%d → %d (%d, %d, %d, %d)", totalG(g0), totalG(gDuring), gDuring["broker"], gDuring["client"], gDuring["consul-http"], gDuring["other"]), "")
+	tb.add(fmt.Sprintf("loss notice, unwatched hold, p50 / max (n=%d)", loss.len()),
+		fmt.Sprintf("%s / %s ms", fmtMs(loss.p50()), fmtMs(loss.quantile(1))), "≤ 1000 ms")
+
+	var out strings.Builder
+	fmt.Fprintf(&out, "# scale run (issue 10 item 1, issue 12) — reproduce: %s\n", reproduce)
+	fmt.Fprintf(&out, "# one in-process replica, one gRPC connection carrying %d Acquire + %d Watch streams, default session options;\n", nHolds, nWatchers)
+	out.WriteString("#   agent started with limits { http_max_conns_per_client = 200 }. RSS, heap and goroutine totals include this\n")
+	fmt.Fprintf(&out, "#   test's own client side (%d streams in the same process); goroutines are classified by stack.\n", nHolds+nWatchers)
+	out.WriteString(tb.String())
+	for _, x := range []struct {
+		name string
+		e    *errorLog
+	}{{"acquire", &acqErrs}, {"holds lost/ended", &lossErrs}, {"watchers", &watchErrs}, {"loss samples", &lossSampleErrs}} {
+		if x.e.count() > 0 {
+			fmt.Fprintf(&out, "# ERRORS %s: %s\n", x.name, x.e.String())
+		}
+	}
+	fmt.Fprintf(&out, "SCALE holds=%d acquired=%d watchers=%d acquire_all=%s lost_window=%d ended_window=%d max_consul_conns=%d max_blocking=%d rss_mib=%.0f broker_goroutines_per_hold=%.2f loss_p50_ms=%.1f\n",
+		nHolds, nAcquired, nWatchers, acquireAll.Round(time.Millisecond), lostWindow, endedWindow, maxConns.Load(), maxBlocking.Load(),
+		float64(rss)/1024, goroutinesPer("broker"), msOf(loss.p50()))
+	fmt.Print(out.String())
 	cancel()
+}
+
+func setMax(a *atomic.Int64, v int64) {
+	for {
+		cur := a.Load()
+		if v <= cur || a.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// waitGroupWithin waits for wg at most d, and says whether it finished.
+func waitGroupWithin(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+func fmtDur(d time.Duration, complete bool) string {
+	s := d.Round(time.Millisecond).String()
+	if !complete {
+		s += " (incomplete)"
+	}
+	return s
 }

@@ -1,0 +1,719 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+var (
+	table          = flag.Bool("table", false, "run TestBenchTable (make bench runs it)")
+	tableCycles    = flag.Int("table.cycles", 500, "uncontended cycles per implementation")
+	tableHandoffs  = flag.Int("table.handoffs", 200, "hand-offs per implementation")
+	tableParCycles = flag.Int("table.par", 960, "cycles per implementation in each parallel row (split among the clients)")
+	tableSemCycles = flag.Int("table.sem", 360, "semaphore cycles per implementation")
+	tableReleases  = flag.Int("table.releases", 200, "stream-less TryAcquire + Release samples")
+	tableLoss      = flag.Int("table.loss", 30, "loss-notice samples per implementation")
+)
+
+// reproduce is the command make bench runs.
+const reproduce = `go test -count=1 -timeout 30m -run 'TestBenchTable|TestScale' -bench '^$' -v ./test/bench/ -args -table -scale`
+
+// handoffSettle is how long a hand-off waiter is left queued before the
+// holder releases, for the broker and api.Lock alike (api.Lock cannot say
+// when it is waiting).
+const handoffSettle = 20 * time.Millisecond
+
+// maxRowErrors ends a row early: a broken path should not take the run's
+// whole time budget.
+const maxRowErrors = 10
+
+// TestBenchTable prints issue 12's side-by-side table from one run: every
+// figure of the broker next to Consul's own api.Lock / api.Semaphore and
+// the raw floor, all in this process against one Consul agent. It asserts
+// nothing but that the run completed.
+func TestBenchTable(t *testing.T) {
+	if !*table {
+		t.Skip("run with -table (make bench)")
+	}
+	e := newEnv(t)
+	var out strings.Builder
+	e.header(&out)
+
+	// Uncontended cycles on one key each.
+	apiUnc := e.sequential(*tableCycles, false, func(int) error { return apiLockCycle(e.ac, "bench/unc/api") })
+	fl := e.newFloor()
+	flUnc := e.sequential(*tableCycles, false, func(int) error {
+		t0 := time.Now()
+		if err := fl.acquire("bench/unc/floor"); err != nil {
+			return err
+		}
+		t1 := time.Now()
+		err := fl.release("bench/unc/floor")
+		e.floorAcq.add(t1.Sub(t0))
+		e.floorRel.add(time.Since(t1))
+		return err
+	})
+	brUnc := e.sequential(*tableCycles, true, func(int) error { return e.bd.cycle("bench/unc/broker", 0) })
+
+	// Hand-off.
+	apiHo := e.apiHandoff(*tableHandoffs)
+	brHo := e.brokerHandoff(*tableHandoffs)
+
+	// Parallel clients on distinct keys.
+	par := map[int][3]*run{}
+	for _, clients := range []int{16, 64} {
+		per := max(*tableParCycles/clients, 1)
+		var rs [3]*run
+		rs[0] = e.parallel(clients, per, false, func(c int) (func() error, func()) {
+			key := fmt.Sprintf("bench/par%d/api/%d", clients, c)
+			return func() error { return apiLockCycle(e.ac, key) }, func() {}
+		})
+		rs[1] = e.parallel(clients, per, false, func(c int) (func() error, func()) {
+			key := fmt.Sprintf("bench/par%d/floor/%d", clients, c)
+			f := e.newFloor()
+			return func() error { return f.cycle(key) }, func() { f.close(e.ac) }
+		})
+		rs[2] = e.parallel(clients, per, true, func(c int) (func() error, func()) {
+			key := fmt.Sprintf("bench/par%d/broker/%d", clients, c)
+			return func() error { return e.bd.cycle(key, 0) }, func() {}
+		})
+		par[clients] = rs
+	}
+
+	// Semaphore: limit 3, 12 clients on one prefix.
+	const semLimit, semClients = 3, 12
+	apiSem := e.shared(semClients, *tableSemCycles, false, func(int) error {
+		return apiSemaphoreCycle(e.ac, "bench/sem/api", semLimit)
+	})
+	brSem := e.shared(semClients, *tableSemCycles, true, func(int) error {
+		return e.bd.cycle("bench/sem/broker", semLimit)
+	})
+
+	// Stream-less TryAcquire + Release with a client-owned session.
+	try, rel := e.streamless(*tableReleases)
+
+	// Loss notice: the session destroyed in Consul → lost / leaderCh closed.
+	apiLoss := e.apiLoss(*tableLoss)
+	brLoss := e.brokerLoss(*tableLoss)
+	fl.close(e.ac)
+
+	// The table.
+	var tb textTable
+	tb.add("figure", "broker", "consul api", "floor", "broker/api", "broker/floor", "target (issue 12)")
+	lat := func(name string, br, ap, fl *latencies, q float64, target string) {
+		b, a, f := qOf(br, q), qOf(ap, q), qOf(fl, q)
+		tb.add(name, fmtMs(b), fmtMs(a), fmtMs(f), ratio(b, a), ratio(b, f), target)
+	}
+	lat(fmt.Sprintf("uncontended cycle p50 ms (n=%d)", *tableCycles), &brUnc.lat, &apiUnc.lat, &flUnc.lat, 0.5, "≤1.0× api (stretch ≤1.5× floor)")
+	lat("uncontended cycle p99 ms", &brUnc.lat, &apiUnc.lat, &flUnc.lat, 0.99, "")
+	lat(fmt.Sprintf("hand-off p50 ms (n=%d)", *tableHandoffs), &brHo.lat, &apiHo.lat, nil, 0.5, "≤1.0× api")
+	lat("hand-off p99 ms", &brHo.lat, &apiHo.lat, nil, 0.99, "")
+	for _, clients := range []int{16, 64} {
+		rs := par[clients]
+		target := ""
+		if clients == 64 {
+			target = "≥1.5× api"
+		}
+		b, a, f := rs[2].rate(), rs[0].rate(), rs[1].rate()
+		tb.add(fmt.Sprintf("%d clients, distinct keys, cycles/s (n=%d)", clients, rs[2].n),
+			fmtRate(b), fmtRate(a), fmtRate(f), ratioF(b, a), ratioF(b, f), target)
+	}
+	tb.add(fmt.Sprintf("semaphore limit %d, %d clients, cycles/s (n=%d)", semLimit, semClients, brSem.n),
+		fmtRate(brSem.rate()), fmtRate(apiSem.rate()), "-", ratioF(brSem.rate(), apiSem.rate()), "-", "≥1.2× api.Semaphore")
+	tb.add(fmt.Sprintf("stream-less Release p50 ms (n=%d)", rel.len()), fmtMs(rel.p50()), "-", fmtMs(e.floorRel.p50()),
+		"-", ratio(rel.p50(), e.floorRel.p50()), "≤20 ms")
+	tb.add("stream-less Release p99 ms", fmtMs(rel.p99()), "-", fmtMs(e.floorRel.p99()), "-", ratio(rel.p99(), e.floorRel.p99()), "")
+	tb.add(fmt.Sprintf("stream-less TryAcquire p50 ms (n=%d)", try.len()), fmtMs(try.p50()), "-", fmtMs(e.floorAcq.p50()),
+		"-", ratio(try.p50(), e.floorAcq.p50()), "")
+	lat(fmt.Sprintf("loss notice p50 ms (n=%d)", *tableLoss), &brLoss.lat, &apiLoss.lat, nil, 0.5, "≤1000 ms")
+	lat("loss notice p99 ms", &brLoss.lat, &apiLoss.lat, nil, 0.99, "")
+	out.WriteString(tb.String())
+
+	// Costs per cycle, by row and implementation.
+	var cost textTable
+	cost.add("cost per cycle", "cycles", "Consul calls", "calls by kind", "CPU s/1k (process)", "CPU s/1k (agent)", "allocs")
+	costRow := func(name string, r *run) {
+		cost.add(name, strconv.Itoa(r.n), fmt.Sprintf("%.2f", r.perCycle(float64(sumCounts(r.calls)))), perCycle(r.calls, r.n),
+			fmt.Sprintf("%.3f", r.perCycle(r.cpu.Seconds())*1000), fmt.Sprintf("%.3f", r.perCycle(r.consulCPU.Seconds())*1000),
+			fmt.Sprintf("%.0f", r.perCycle(float64(r.allocs))))
+	}
+	costRow("uncontended: broker", brUnc)
+	costRow("uncontended: api.Lock", apiUnc)
+	costRow("uncontended: floor", flUnc)
+	costRow("hand-off: broker", brHo)
+	costRow("hand-off: api.Lock", apiHo)
+	costRow("64 clients: broker", par[64][2])
+	costRow("64 clients: api.Lock", par[64][0])
+	costRow("64 clients: floor", par[64][1])
+	costRow("semaphore: broker", brSem)
+	costRow("semaphore: api.Semaphore", apiSem)
+	costRow("loss notice: broker (per sample)", brLoss)
+	out.WriteString("#\n")
+	out.WriteString(cost.String())
+
+	// Notes and errors.
+	out.WriteString("# Consul calls: broker rows count internal/consulstore (*Store).OpCounts; anchor rows count the HTTP requests\n")
+	out.WriteString("#   of their api.Client (a counting RoundTripper), async ones included (api.Lock destroys its session after Unlock).\n")
+	out.WriteString("# CPU (process): getrusage of this test process = in-process broker + gRPC client for broker rows, the api client\n")
+	out.WriteString("#   for anchor rows. CPU (agent): utime+stime of the consul agent process (/proc/<pid>/stat, 10 ms ticks).\n")
+	out.WriteString("# allocs: runtime.MemStats.Mallocs of the whole process (broker + client side for broker rows) per cycle.\n")
+	out.WriteString("# ratios: broker/anchor; for latencies lower is better, for cycles/s higher is better.\n")
+	out.WriteString(fmt.Sprintf("# hand-off: the waiter is queued (broker: after `queued`) and left %s before the holder releases;\n", handoffSettle))
+	out.WriteString("#   latency = Release/Unlock call → waiter's `acquired` / Lock returns.\n")
+	out.WriteString("# loss notice: session destroyed with a plain Consul call → `lost` on the stream / api.Lock's leaderCh closed.\n")
+	reasons := slices.Sorted(maps.Keys(e.lossReasons))
+	var rs []string
+	for _, r := range reasons {
+		rs = append(rs, fmt.Sprintf("%s×%d", r, e.lossReasons[r]))
+	}
+	out.WriteString("# broker loss reasons: " + strings.Join(rs, ", ") + "\n")
+	for _, x := range []struct {
+		name string
+		r    *run
+	}{
+		{"uncontended broker", brUnc}, {"uncontended api.Lock", apiUnc}, {"uncontended floor", flUnc},
+		{"hand-off broker", brHo}, {"hand-off api.Lock", apiHo},
+		{"16 clients broker", par[16][2]}, {"16 clients api.Lock", par[16][0]}, {"16 clients floor", par[16][1]},
+		{"64 clients broker", par[64][2]}, {"64 clients api.Lock", par[64][0]}, {"64 clients floor", par[64][1]},
+		{"semaphore broker", brSem}, {"semaphore api.Semaphore", apiSem},
+		{"stream-less broker", e.streamErrs}, {"loss broker", brLoss}, {"loss api.Lock", apiLoss},
+	} {
+		if x.r.errs.count() > 0 {
+			out.WriteString(fmt.Sprintf("# ERRORS %s: %s\n", x.name, x.r.errs.String()))
+		}
+	}
+	fmt.Print(out.String())
+}
+
+// env is the one agent, one replica and the clients every row shares.
+type env struct {
+	t       *testing.T
+	agent   *consultest.Agent
+	bd      brokerDriver
+	store   interface{ OpCounts() map[string]uint64 }
+	ac      *api.Client
+	counter *callCounter
+	// anchorTr is the anchors' transport: its idle connections are closed
+	// before every run.
+	anchorTr *http.Transport
+	pid      int
+
+	floorAcq, floorRel latencies // parts of the uncontended floor cycle
+	streamErrs         *run
+	lossReasons        map[string]int
+}
+
+func newEnv(t *testing.T) *env {
+	// The broker and the anchor clients share one source IP here, so the
+	// table's agent allows more than Consul's default 200 connections per
+	// client (the anchors' idle pools would otherwise push the broker into
+	// 429s); the scale run keeps the default.
+	agent := consultest.Start(t, consultest.WithHCL(`limits { http_max_conns_per_client = 1000 }`))
+	r := brokertest.Start(t, agent)
+	conn := r.Conn(t)
+	tr := pooledTransport()
+	counter := newCallCounter(tr)
+	ac, err := anchorClient(agent.HTTPAddr(), counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(agent.HTTPAddr())
+	p, _ := strconv.Atoi(port)
+	return &env{
+		t: t, agent: agent, store: r.Store, ac: ac, counter: counter, anchorTr: tr, pid: agentPID(p),
+		bd:          brokerDriver{locks: lockbrokerv1.NewLockServiceClient(conn), sessions: lockbrokerv1.NewSessionServiceClient(conn)},
+		streamErrs:  &run{},
+		lossReasons: map[string]int{},
+	}
+}
+
+func (e *env) header(out *strings.Builder) {
+	version := "unknown"
+	if self, err := e.ac.Agent().Self(); err == nil {
+		version = fmt.Sprint(self["Config"]["Version"])
+	}
+	apiVersion := "unknown"
+	if mod, err := os.ReadFile(filepath.Join(brokertest.RepoRoot(e.t), "go.mod")); err == nil {
+		for l := range strings.SplitSeq(string(mod), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "github.com/hashicorp/consul/api" {
+				apiVersion = f[1]
+			}
+		}
+	}
+	host, _ := os.Hostname()
+	fmt.Fprintf(out, "# lockbroker side-by-side bench (issue 12) — %s\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(out, "# reproduce: %s   (= make bench)\n", reproduce)
+	fmt.Fprintf(out, "# consul %s dev agent on %s (one agent for every row, http_max_conns_per_client = 1000; agent pid %d) · consul/api %s · %s %s/%s\n",
+		version, e.agent.HTTPAddr(), e.pid, apiVersion, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(out, "# machine %s: GOMAXPROCS=%d NumCPU=%d cpu %q\n", host, runtime.GOMAXPROCS(0), runtime.NumCPU(), cpuModel())
+	out.WriteString("# broker: one in-process replica (internal/brokertest) on a loopback gRPC listener, raw gen/lockbroker/v1 stubs over\n")
+	out.WriteString("#   one connection; Acquire with default session options (no session field), Release with session + token, wait `released`.\n")
+	out.WriteString("# consul api: api.Lock / api.Semaphore as users write them: LockOpts/SemaphoreOpts{SessionTTL: 15s} per cycle (a fresh\n")
+	out.WriteString("#   session each time, default lock-delay), Lock/Acquire then Unlock/Release; one api.Client, pooled transport (128 idle/host).\n")
+	out.WriteString("# floor: KV acquire + KV release with one session kept across cycles (two Raft writes).\n")
+}
+
+// run is one measured run of one implementation.
+type run struct {
+	lat       latencies
+	n         int
+	elapsed   time.Duration
+	cpu       time.Duration
+	consulCPU time.Duration
+	allocs    uint64
+	calls     map[string]uint64
+	errs      errorLog
+}
+
+func (r *run) rate() float64 {
+	if r.elapsed <= 0 {
+		return 0
+	}
+	return float64(r.n) / r.elapsed.Seconds()
+}
+
+func (r *run) perCycle(x float64) float64 {
+	if r.n == 0 {
+		return 0
+	}
+	return x / float64(r.n)
+}
+
+func (r *run) failed() bool { return r.errs.count() >= maxRowErrors }
+
+func (e *env) consulCPU() time.Duration {
+	_, c := statOf(e.pid)
+	return c
+}
+
+func (e *env) calls(broker bool) map[string]uint64 {
+	if broker {
+		return e.store.OpCounts()
+	}
+	return e.counter.counts()
+}
+
+// quiet waits until neither the broker's nor the anchors' Consul call
+// counts move for 300 ms (at most 3 s): the previous run's asynchronous
+// work (session destroys, watches ending) is then out of the way.
+func (e *env) quiet() {
+	deadline := time.Now().Add(3 * time.Second)
+	prev, stable := "", 0
+	for time.Now().Before(deadline) && stable < 3 {
+		cur := fmt.Sprint(e.store.OpCounts(), e.counter.counts())
+		if cur == prev {
+			stable++
+		} else {
+			stable = 0
+		}
+		prev = cur
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// measure runs body between two snapshots of the process's CPU and
+// allocations, the agent's CPU and the Consul calls of the broker (broker
+// true) or of the anchor client, and records the differences in r.
+func (e *env) measure(r *run, broker bool, body func()) {
+	e.quiet()
+	e.anchorTr.CloseIdleConnections()
+	runtime.GC()
+	c0, k0, m0, calls0 := processCPU(), e.consulCPU(), mallocs(), e.calls(broker)
+	t0 := time.Now()
+	body()
+	r.elapsed = time.Since(t0)
+	r.cpu, r.consulCPU, r.allocs = processCPU()-c0, e.consulCPU()-k0, mallocs()-m0
+	r.calls = diffCounts(calls0, e.calls(broker))
+}
+
+// sequential runs n cycles one after another, after 20 warm-up cycles.
+func (e *env) sequential(n int, broker bool, cycle func(i int) error) *run {
+	r := &run{}
+	for i := range 20 {
+		_ = cycle(-1 - i)
+	}
+	e.measure(r, broker, func() {
+		for i := range n {
+			if r.failed() {
+				return
+			}
+			t0 := time.Now()
+			if err := cycle(i); err != nil {
+				r.errs.add(err)
+				continue
+			}
+			r.lat.add(time.Since(t0))
+			r.n++
+		}
+	})
+	return r
+}
+
+// parallel runs per cycles on each of clients goroutines; mk gives client c
+// its cycle and cleanup. One warm-up cycle per client runs before the
+// clock starts.
+func (e *env) parallel(clients, per int, broker bool, mk func(c int) (func() error, func())) *run {
+	r := &run{}
+	cycles := make([]func() error, clients)
+	for c := range clients {
+		cycle, done := mk(c)
+		defer done()
+		cycles[c] = cycle
+		_ = cycle()
+	}
+	var mu sync.Mutex
+	e.measure(r, broker, func() {
+		var wg sync.WaitGroup
+		for c := range clients {
+			wg.Go(func() {
+				for range per {
+					if r.failed() {
+						return
+					}
+					t0 := time.Now()
+					if err := cycles[c](); err != nil {
+						r.errs.add(err)
+						continue
+					}
+					r.lat.add(time.Since(t0))
+					mu.Lock()
+					r.n++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	})
+	return r
+}
+
+// shared runs total cycles shared among clients goroutines.
+func (e *env) shared(clients, total int, broker bool, cycle func(c int) error) *run {
+	r := &run{}
+	var mu sync.Mutex
+	next := 0
+	e.measure(r, broker, func() {
+		var wg sync.WaitGroup
+		for c := range clients {
+			wg.Go(func() {
+				for !r.failed() {
+					mu.Lock()
+					if next >= total {
+						mu.Unlock()
+						return
+					}
+					next++
+					mu.Unlock()
+					t0 := time.Now()
+					if err := cycle(c); err != nil {
+						r.errs.add(err)
+						continue
+					}
+					r.lat.add(time.Since(t0))
+					mu.Lock()
+					r.n++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	})
+	return r
+}
+
+func (e *env) newFloor() *floor {
+	f, err := newFloor(e.ac)
+	if err != nil {
+		e.t.Fatalf("floor session: %v", err)
+	}
+	return f
+}
+
+// brokerHandoff measures Release → the queued waiter's `acquired`.
+func (e *env) brokerHandoff(n int) *run {
+	r := &run{}
+	gen := 0
+	key := func() string { return fmt.Sprintf("bench/handoff/broker/%d", gen) }
+	holder, err := e.bd.acquire(key(), 0)
+	if err != nil {
+		e.t.Fatalf("hand-off holder: %v", err)
+	}
+	fail := func(err error, w *brokerHold) {
+		r.errs.add(err)
+		holder.cancel()
+		if w != nil {
+			w.cancel()
+		}
+		gen++
+		if holder, err = e.bd.acquire(key(), 0); err != nil {
+			e.t.Fatalf("hand-off holder: %v", err)
+		}
+	}
+	e.measure(r, true, func() {
+		for range n {
+			if r.failed() {
+				return
+			}
+			w, err := e.bd.open(key(), 0)
+			if err != nil {
+				fail(err, nil)
+				continue
+			}
+			if _, err := w.until(isQueued); err != nil {
+				fail(err, w)
+				continue
+			}
+			time.Sleep(handoffSettle)
+			t0 := time.Now()
+			if err := e.bd.release(holder); err != nil {
+				fail(err, w)
+				continue
+			}
+			resp, err := w.until(isAcquired)
+			if err != nil {
+				fail(err, w)
+				continue
+			}
+			r.lat.add(time.Since(t0))
+			r.n++
+			w.seq = resp.GetAcquired().GetSequencer()
+			if _, err := holder.until(isReleased); err != nil {
+				r.errs.add(fmt.Errorf("old holder: %w", err))
+			}
+			holder.cancel()
+			holder = w
+		}
+	})
+	if err := e.bd.releaseAndWait(holder); err != nil {
+		r.errs.add(err)
+	}
+	return r
+}
+
+// apiHandoff measures Unlock → the waiting api.Lock's Lock returning.
+func (e *env) apiHandoff(n int) *run {
+	r := &run{}
+	const key = "bench/handoff/api"
+	holder, err := e.ac.LockOpts(apiLockOpts(key))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := holder.Lock(nil); err != nil {
+		e.t.Fatalf("hand-off holder: %v", err)
+	}
+	e.measure(r, false, func() {
+		for range n {
+			if r.failed() {
+				return
+			}
+			w, err := e.ac.LockOpts(apiLockOpts(key))
+			if err != nil {
+				r.errs.add(err)
+				continue
+			}
+			got := make(chan error, 1)
+			var at time.Time
+			stop := make(chan struct{})
+			go func() {
+				_, err := w.Lock(stop)
+				at = time.Now()
+				got <- err
+			}()
+			time.Sleep(handoffSettle)
+			t0 := time.Now()
+			if err := holder.Unlock(); err != nil {
+				r.errs.add(err)
+			}
+			select {
+			case err = <-got:
+			case <-time.After(opTimeout):
+				close(stop)
+				err = <-got
+				if err == nil {
+					err = fmt.Errorf("api.Lock hand-off: not acquired within %s", opTimeout)
+				}
+			}
+			if err != nil {
+				r.errs.add(err)
+				return
+			}
+			r.lat.add(at.Sub(t0))
+			r.n++
+			holder = w
+		}
+	})
+	_ = holder.Unlock()
+	return r
+}
+
+// streamless measures TryAcquire and then Release with a client-owned
+// session created once.
+func (e *env) streamless(n int) (try, rel *latencies) {
+	try, rel = &latencies{}, &latencies{}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cs, err := e.bd.sessions.CreateSession(ctx, &lockbrokerv1.CreateSessionRequest{})
+	if err != nil {
+		e.t.Fatalf("create session: %v", err)
+	}
+	id := cs.GetSession().GetId()
+	defer func() { _, _ = e.bd.sessions.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: id}) }()
+	e.quiet()
+	for i := range n {
+		if e.streamErrs.failed() {
+			break
+		}
+		if i%20 == 0 { // a client-owned session is the client's to renew
+			if _, err := e.bd.sessions.RenewSession(ctx, &lockbrokerv1.RenewSessionRequest{SessionId: id}); err != nil {
+				e.streamErrs.errs.add(err)
+			}
+		}
+		key := "bench/streamless"
+		t0 := time.Now()
+		ta, err := e.bd.locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: key, SessionId: id})
+		if err != nil {
+			e.streamErrs.errs.add(fmt.Errorf("TryAcquire: %w", err))
+			continue
+		}
+		t1 := time.Now()
+		rr, err := e.bd.locks.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: key, SessionId: id, Token: ta.GetSequencer().GetToken()})
+		t2 := time.Now()
+		if err != nil {
+			e.streamErrs.errs.add(fmt.Errorf("release: %w", err))
+			continue
+		}
+		if !rr.GetReleased() {
+			e.streamErrs.errs.add(fmt.Errorf("release: released=false"))
+		}
+		try.add(t1.Sub(t0))
+		rel.add(t2.Sub(t1))
+		e.streamErrs.n++
+	}
+	return try, rel
+}
+
+// brokerLoss measures Consul session destroy → `lost` on the stream, each
+// sample on a fresh key (the destroyed session's lock-delay blocks the
+// key).
+func (e *env) brokerLoss(n int) *run {
+	r := &run{}
+	e.measure(r, true, func() {
+		for i := range n {
+			if r.failed() {
+				return
+			}
+			h, err := e.bd.acquire(fmt.Sprintf("bench/loss/broker/%d", i), 0)
+			if err != nil {
+				r.errs.add(err)
+				continue
+			}
+			t0 := time.Now()
+			if _, err := e.ac.Session().Destroy(h.seq.GetSessionId(), nil); err != nil {
+				r.errs.add(err)
+				h.cancel()
+				continue
+			}
+			resp, err := h.until(isLost)
+			h.cancel()
+			if err != nil {
+				r.errs.add(err)
+				continue
+			}
+			r.lat.add(time.Since(t0))
+			r.n++
+			e.lossReasons[resp.GetLost().GetReason().String()]++
+		}
+	})
+	return r
+}
+
+// apiLoss measures Consul session destroy → api.Lock's leaderCh closed.
+func (e *env) apiLoss(n int) *run {
+	r := &run{}
+	e.measure(r, false, func() {
+		for i := range n {
+			if r.failed() {
+				return
+			}
+			key := fmt.Sprintf("bench/loss/api/%d", i)
+			l, err := e.ac.LockOpts(apiLockOpts(key))
+			if err != nil {
+				r.errs.add(err)
+				continue
+			}
+			lost, err := l.Lock(nil)
+			if err != nil {
+				r.errs.add(err)
+				continue
+			}
+			kv, _, err := e.ac.KV().Get(key, nil)
+			if err != nil || kv == nil {
+				r.errs.add(fmt.Errorf("read %s: %v", key, err))
+				_ = l.Unlock()
+				continue
+			}
+			t0 := time.Now()
+			if _, err := e.ac.Session().Destroy(kv.Session, nil); err != nil {
+				r.errs.add(err)
+			}
+			select {
+			case <-lost:
+				r.lat.add(time.Since(t0))
+				r.n++
+			case <-time.After(opTimeout):
+				r.errs.add(fmt.Errorf("api.Lock %s: leaderCh not closed within %s", key, opTimeout))
+			}
+			_ = l.Unlock()
+		}
+	})
+	return r
+}
+
+func qOf(l *latencies, q float64) time.Duration {
+	if l == nil {
+		return 0
+	}
+	return l.quantile(q)
+}
+
+func fmtMs(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", msOf(d))
+}
+
+func fmtRate(r float64) string {
+	if r == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", r)
+}
+
+func ratio(a, b time.Duration) string { return ratioF(float64(a), float64(b)) }
+
+func ratioF(a, b float64) string {
+	if a == 0 || b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
