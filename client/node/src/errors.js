@@ -70,6 +70,8 @@ export class UnauthenticatedError extends LockbrokerError {}
 export class QuotaExceededError extends LockbrokerError {}
 /** Consul or the broker cannot be reached, or the broker is shutting down (UNAVAILABLE). */
 export class UnavailableError extends LockbrokerError {}
+/** Consul refused the request as malformed or too large (CONSUL_REJECTED); retrying does not help. */
+export class RejectedError extends LockbrokerError {}
 /** The broker does not implement this call (an older broker). */
 export class UnimplementedError extends LockbrokerError {}
 /** The call was cancelled. */
@@ -111,6 +113,7 @@ const BY_REASON = {
   UNAUTHENTICATED: UnauthenticatedError,
   QUOTA_EXCEEDED: QuotaExceededError,
   INTERNAL: InternalError,
+  CONSUL_REJECTED: RejectedError,
 };
 
 const BY_CODE = {

@@ -252,6 +252,8 @@ export declare class SessionLostError extends LockbrokerError {}
 export declare class PermissionDeniedError extends LockbrokerError {}
 export declare class UnauthenticatedError extends LockbrokerError {}
 export declare class QuotaExceededError extends LockbrokerError {}
+/** Consul refused the request as malformed or too large (CONSUL_REJECTED). */
+export declare class RejectedError extends LockbrokerError {}
 export declare class UnavailableError extends LockbrokerError {}
 export declare class UnimplementedError extends LockbrokerError {}
 export declare class CancelledError extends LockbrokerError {}

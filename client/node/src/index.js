@@ -15,6 +15,7 @@ export {
   NotHolderError,
   PermissionDeniedError,
   QuotaExceededError,
+  RejectedError,
   ResumeRefusedError,
   SessionLostError,
   SessionNotFoundError,

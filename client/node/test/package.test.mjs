@@ -10,6 +10,7 @@ import { test } from "node:test";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 
+import { ErrorReason } from "../gen/lockbroker/v1/errors_pb.js";
 import { LockStateSchema, LockKind } from "../gen/lockbroker/v1/types_pb.js";
 import { ErrorInfoSchema, RetryInfoSchema, BadRequestSchema } from "../src/rpc.js";
 import {
@@ -18,6 +19,7 @@ import {
   LockHeldError,
   LockLostError,
   NotHolderError,
+  RejectedError,
   SessionLostError,
   UnavailableError,
   WaitTimeoutError,
@@ -59,6 +61,7 @@ test("the reason decides the class; the code is the fallback", () => {
   assert.ok(withReason(Code.FailedPrecondition, "NOT_HOLDER") instanceof NotHolderError);
   assert.ok(withReason(Code.Aborted, "SESSION_LOST") instanceof SessionLostError);
   assert.ok(withReason(Code.DeadlineExceeded, "WAIT_TIMEOUT") instanceof WaitTimeoutError);
+  assert.ok(withReason(Code.FailedPrecondition, "CONSUL_REJECTED") instanceof RejectedError);
   assert.ok(fromError(new ConnectError("m", Code.FailedPrecondition)) instanceof ConflictError);
   assert.ok(fromError(new ConnectError("m", Code.Aborted)) instanceof LockHeldError);
   // Another domain's reason does not pick a class.
@@ -85,4 +88,14 @@ test("LockLostError carries the reason", () => {
   assert.equal(e.detail, "no keepalive");
   assert.equal(e.name, "LockLostError");
   assert.match(e.message, /KEEPALIVE_TIMEOUT/);
+});
+
+test("every ErrorReason of the proto has its own class", () => {
+  const names = Object.keys(ErrorReason).filter((k) => Number.isNaN(Number(k)) && k !== "UNSPECIFIED");
+  assert.ok(names.length > 0);
+  const unmapped = names.filter((reason) => {
+    const err = fromError(new ConnectError("m", Code.Unknown, undefined, [detail(ErrorInfoSchema, { reason, domain: "lockbroker.v1" })]));
+    return reason !== "INTERNAL" && err.constructor.name === "InternalError";
+  });
+  assert.deepEqual(unmapped, []);
 });

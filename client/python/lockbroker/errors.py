@@ -130,6 +130,12 @@ class Unavailable(LockbrokerError):
     down (UNAVAILABLE). `retry_after` is the broker's hint, if any."""
 
 
+class Rejected(LockbrokerError):
+    """Consul refused the request as malformed or too large (FAILED_PRECONDITION,
+    CONSUL_REJECTED): a session check that does not exist, a value over
+    Consul's limit. Retrying does not help until that changes."""
+
+
 class Unimplemented(LockbrokerError):
     """The broker does not implement this call (an older broker)."""
 
@@ -182,6 +188,7 @@ _BY_REASON = {
     "UNAUTHENTICATED": Unauthenticated,
     "QUOTA_EXCEEDED": QuotaExceeded,
     "INTERNAL": Internal,
+    "CONSUL_REJECTED": Rejected,
 }
 
 _BY_CODE = {

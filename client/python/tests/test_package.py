@@ -76,6 +76,7 @@ def test_lock_held_carries_holders():
     (grpc.StatusCode.UNAVAILABLE, "BROKER_SHUTTING_DOWN", lockbroker.Unavailable),
     (grpc.StatusCode.PERMISSION_DENIED, "CONSUL_PERMISSION_DENIED", lockbroker.PermissionDenied),
     (grpc.StatusCode.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED", lockbroker.QuotaExceeded),
+    (grpc.StatusCode.FAILED_PRECONDITION, "CONSUL_REJECTED", lockbroker.Rejected),
 ])
 def test_reason_decides_the_class(code, reason, cls):
     info = _rpc.ErrorInfo(reason=reason, domain="lockbroker.v1")
@@ -140,3 +141,10 @@ def test_unreachable_broker_is_unavailable():
             c.get_lock("k")
         with pytest.raises(lockbroker.Unavailable):
             c.lock("k", wait=0)
+
+
+def test_every_error_reason_has_a_class():
+    from lockbroker._gen.lockbroker.v1 import errors_pb2
+    names = [n[len("ERROR_REASON_"):] for n in errors_pb2.ErrorReason.keys() if n != "ERROR_REASON_UNSPECIFIED"]
+    assert names
+    assert [n for n in names if n not in errors._BY_REASON] == []

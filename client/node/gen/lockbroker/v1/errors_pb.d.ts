@@ -174,6 +174,16 @@ export enum ErrorReason {
    * @generated from enum value: ERROR_REASON_INTERNAL = 18;
    */
   INTERNAL = 18,
+
+  /**
+   * FAILED_PRECONDITION: Consul refused a request as malformed or too large
+   * (a 4xx other than 403 and 429): a broker bug or one of Consul's limits
+   * (a session check that does not exist, a value over Consul's size
+   * limit). Retrying does not help until that changes.
+   *
+   * @generated from enum value: ERROR_REASON_CONSUL_REJECTED = 19;
+   */
+  CONSUL_REJECTED = 19,
 }
 
 /**
