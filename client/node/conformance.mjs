@@ -6,11 +6,12 @@
 //   node conformance.mjs watch --target 127.0.0.1:8700 --key jobs/x [--seconds 30]
 //
 // `hold` takes a lock (limit 0) or a semaphore slot (limit > 0), holds it
-// for --seconds (or until stdin closes or SIGTERM), releases it, and prints
+// for --seconds (or until SIGTERM, or until stdin closes when it is a pipe), releases it, and prints
 // JSON lines: {"event":"acquired",...}, then {"event":"released"} or
 // {"event":"lost","reason":...}; failures print {"event":"error",...} and
 // exit 1. `watch` prints {"event":"state",...} per state.
 
+import { fstatSync } from "node:fs";
 import { parseArgs } from "node:util";
 
 import { Client, SNAPSHOT_COMPLETE } from "./src/index.js";
@@ -40,18 +41,27 @@ async function hold(client, args) {
   const stop = new AbortController();
   const onSignal = () => stop.abort();
   process.once("SIGTERM", onSignal);
-  process.stdin.on("data", () => {});
-  process.stdin.once("end", onSignal);
-  process.stdin.once("close", onSignal);
-  process.stdin.resume();
+  // Stdin's end is a request to release when stdin is a pipe (not /dev/null or a terminal).
+  const stdinPipe = (() => {
+    try {
+      return fstatSync(0).isFIFO();
+    } catch {
+      return false;
+    }
+  })();
+  if (stdinPipe) {
+    process.stdin.on("data", () => {});
+    process.stdin.once("end", onSignal);
+    process.stdin.once("close", onSignal);
+    process.stdin.resume();
+  }
   const timer = setTimeout(onSignal, Number(args.seconds ?? 30) * 1000);
   await new Promise((r) => {
     stop.signal.addEventListener("abort", r, { once: true });
     lease.signal.addEventListener("abort", r, { once: true });
   });
   clearTimeout(timer);
-  process.stdin.pause();
-  process.stdin.destroy();
+  if (stdinPipe) process.stdin.destroy();
   if (lease.lost) {
     emit({ event: "lost", reason: lease.error.reason, detail: lease.error.detail });
     return 2;

@@ -5,7 +5,7 @@
     python -m lockbroker.conformance watch --target 127.0.0.1:8700 --key jobs/x [--seconds 30]
 
 `hold` takes a lock (limit 0) or a semaphore slot (limit > 0), holds it for
---seconds (or until stdin closes or SIGTERM), releases it, and prints JSON
+--seconds (or until SIGTERM, or until stdin closes when it is a pipe), releases it, and prints JSON
 lines: {"event":"acquired",...}, then {"event":"released"} or
 {"event":"lost","reason":...}; failures print {"event":"error",...} and
 exit 1. `watch` prints {"event":"state",...} per state.
@@ -13,7 +13,9 @@ exit 1. `watch` prints {"event":"state",...} per state.
 
 import argparse
 import json
+import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -32,6 +34,13 @@ def _emit(**kw):
 def _error(e):
     _emit(event="error", error=str(e), reason=getattr(e, "reason", None), type=type(e).__name__)
     return 1
+
+
+def _stdin_is_pipe():
+    try:
+        return stat.S_ISFIFO(os.fstat(0).st_mode)
+    except OSError:
+        return False
 
 
 def _hold(client, args):
@@ -57,7 +66,8 @@ def _hold(client, args):
             pass
         stop.set()
 
-    threading.Thread(target=stdin_closed, daemon=True).start()
+    if _stdin_is_pipe():  # not /dev/null or a terminal: its end is a request to release
+        threading.Thread(target=stdin_closed, daemon=True).start()
     stop.wait(args.seconds)
     if lease.lost.is_set():
         err = lease.error
