@@ -128,7 +128,7 @@ func CheckFencing(s *Snapshot) Result {
 		}
 		maxTok[w.Key] = w
 	}
-	r.Summary = fmt.Sprintf("%d writes accepted, %d refused by token; after freezes %d stale writes refused, %d accepted (no newer holder had written)",
+	r.Summary = fmt.Sprintf("%d writes accepted, %d refused by token; stale writes after freezes: %d refused, %d accepted",
 		accepted, refused, staleRefused, staleAccepted)
 	return r
 }
@@ -354,14 +354,15 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // at most recovery plus the rest of the quiet period.
 //
 // It also checks the other direction of DESIGN.md's loss detection: a
-// client that vanishes (frozen with its connections mute, so that only
-// gRPC keepalive can tell) while holding a lock loses it to a waiting
-// client within vanish.
+// client that vanishes while holding a lock (frozen with its connections
+// mute, so that only gRPC keepalive can tell, or closed) loses it to a
+// waiting client within vanish. This is also what makes a frozen client's
+// stale write meet a newer token rather than luck.
 func CheckLiveness(s *Snapshot, recovery, vanish time.Duration, clients map[int]ClientKind) Result {
 	r := newResult(CheckerLiveness)
 	checked := 0
 	for _, f := range s.Freezes {
-		if !f.Silent || f.End-f.Start <= vanish {
+		if f.End-f.Start <= vanish {
 			continue
 		}
 		for _, h := range s.Holds {

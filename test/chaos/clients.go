@@ -195,7 +195,22 @@ func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer,
 	defer writeT.Stop()
 	checkT := time.NewTimer(c.between(300*time.Millisecond, 1500*time.Millisecond))
 	defer checkT.Stop()
+	frozen := func() {
+		hist.Pause(h)
+		c.gate.waitThaw(ctx)
+		// A paused process finishes the write it had started, without
+		// looking at the lease: only the token can stop it now.
+		if writes && ctx.Err() == nil {
+			c.write(h, true)
+		}
+	}
 	for {
+		select { // a freeze comes first: a frozen client does nothing else
+		case <-c.gate.freezing():
+			frozen()
+			continue
+		default:
+		}
 		select {
 		case <-ctx.Done():
 			end(EndRunEnd)
@@ -207,16 +222,7 @@ func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer,
 			end(l.reason())
 			return
 		case <-c.gate.freezing():
-			hist.Pause(h)
-			c.gate.waitThaw(ctx)
-			if ctx.Err() != nil {
-				continue
-			}
-			// A paused process finishes the write it had started, without
-			// looking at the lease: only the token can stop it now.
-			if writes {
-				c.write(h, true)
-			}
+			frozen()
 		case <-writeT.C:
 			if lostNow() {
 				return

@@ -66,7 +66,7 @@ func specs(ttl, lockDelay time.Duration) []faultSpec {
 		{FClientReset, laneNetwork, 1, 500 * time.Millisecond, 2 * time.Second},
 		{FClientLatency, laneNetwork, 1, 3 * time.Second, 8 * time.Second},
 		{FClientFreeze, laneClient, 0.5, straddle + 2*time.Second, straddle + 6*time.Second},
-		{FClientFreezeReset, laneClient, 0.5, ttl + lockDelay + 2*time.Second, ttl + lockDelay + 6*time.Second},
+		{FClientFreezeReset, laneClient, 0.5, straddle + 2*time.Second, straddle + 6*time.Second},
 		{FSessionDestroy, laneClient, 2, 0, 0},
 	}
 }

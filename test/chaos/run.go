@@ -62,7 +62,7 @@ var Profiles = map[string]Profile{
 		Must: []string{FClientFreezeReset, FBrokerTerm, FClientFreeze}},
 }
 
-// MutantProfile is the short run a mutant gets: 25s of chaos and no quiet
+// MutantProfile is the short run a mutant gets: 32s of chaos and no quiet
 // period, with the faults that exercise what the mutant breaks placed
 // first (admin session destroys for no-loss-notice, a client freeze for
 // no-fencing, rolling restarts and client link resets for
@@ -70,7 +70,7 @@ var Profiles = map[string]Profile{
 func MutantProfile(mutant string) Profile {
 	p := Profiles["short"]
 	p.Name = "mutant-" + mutant
-	p.Total, p.ChaosLen, p.QuietLen = 25*time.Second, 25*time.Second, 0
+	p.Total, p.ChaosLen, p.QuietLen = 32*time.Second, 32*time.Second, 0
 	p.CheckLiveness = false
 	p.Lib, p.Raw, p.Sem, p.Elect, p.Observers = 12, 2, 3, 3, 1
 	p.LockKeys = 3
@@ -636,23 +636,30 @@ func (r *run) inject(ctx context.Context, p Planned) {
 		r.end(f)
 	case FClientFreeze, FClientFreezeReset:
 		// Freeze a client that holds a lock now (so that its stale write
-		// tests the token), else any lock client.
-		holding := map[int]bool{}
-		for _, h := range r.hist.Current() {
-			if h.Limit == 1 && !h.Paused {
-				holding[h.Client] = true
-			}
-		}
+		// tests the token; wait up to 5s for one), else any lock client.
 		var cands, all []*Client
-		for _, c := range r.clients {
-			if c.Kind == KindLib || c.Kind == KindRaw || c.Kind == KindElect {
-				all = append(all, c)
-				if holding[c.ID] {
-					cands = append(cands, c)
+		for try := 0; len(cands) == 0 && try < 25 && ctx.Err() == nil; try++ {
+			if try > 0 {
+				sleep(ctx, 200*time.Millisecond)
+			}
+			holding := map[int]bool{}
+			for _, h := range r.hist.Current() {
+				if h.Limit == 1 && !h.Paused {
+					holding[h.Client] = true
+				}
+			}
+			all = all[:0]
+			for _, c := range r.clients {
+				if c.Kind == KindLib || c.Kind == KindRaw || c.Kind == KindElect {
+					all = append(all, c)
+					if holding[c.ID] {
+						cands = append(cands, c)
+					}
 				}
 			}
 		}
 		if len(cands) == 0 {
+			r.note(p.Kind + ": no client held a lock; froze a waiting one")
 			cands = all
 		}
 		c := cands[pick(len(cands))]
