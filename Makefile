@@ -10,7 +10,7 @@ BUF := npx --no-install buf
 PYTHON := /usr/bin/python3
 DEB_PACKAGES := protobuf-compiler protobuf-compiler-grpc python3-grpcio python3-protobuf python3-pytest
 
-.PHONY: all run test test-go test-python test-node lint generate check-generate breaking \
+.PHONY: all run test test-go test-race test-java test-python test-node lint generate check-generate breaking \
 	consul broker lockctl deps deps-npm deps-deb deps-node bench chaos clean
 
 all: broker lockctl
@@ -69,15 +69,27 @@ breaking: deps-npm
 
 lint: deps-npm
 	$(BUF) lint
+	@unformatted="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$unformatted" ]; then \
+		echo "not gofmt-clean:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GOTOOL) staticcheck ./...
 
 ## Tests ------------------------------------------------------------------
 
-test: consul deps check-generate breaking lint broker lockctl test-go test-python test-node
+test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-java
 
 test-go: consul
 	$(GO) test -count=1 -timeout 25m ./...
+
+# The end-to-end suite and the domain under the race detector (the long
+# tests scale down when it is on).
+test-race: consul
+	$(GO) test -race -count=1 -timeout 25m ./internal/broker/ ./test/e2e/
+
+# The Java client (client/java: Debian's OpenJDK and jars, installed on
+# first use).
+test-java: consul broker
+	$(MAKE) -C client/java test LOCKBROKER_BIN=$(CURDIR)/bin/broker LOCKBROKER_CONSUL=$(CURDIR)/bin/consul
 
 test-python: consul broker deps-deb
 	PYTHONPATH=gen/python $(PYTHON) -m pytest -q test/python
@@ -98,6 +110,7 @@ run: consul broker
 
 clean:
 	rm -rf bin node_modules test/node/node_modules
+	$(MAKE) -C client/java clean
 
 ## Chaos suite and fuzzing (test/chaos/README.md) --------------------------
 

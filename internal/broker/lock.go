@@ -15,18 +15,26 @@ type Sequencer struct {
 }
 
 // tryLock makes one attempt to take the lock, based on st (a recent state
-// of the key). It returns the grant; (nil, nil) when the lock is busy;
-// errRace when the state changed under the attempt; errLockDelay; or a
-// final error. The granting transaction also writes the session's record,
-// whose guard fails the attempt if the record moved.
-func (h *hold) tryLock(ctx context.Context, st *State) (*Sequencer, error) {
+// of the key; fresh when it comes from a consistent read made just now).
+// It returns the grant; (nil, nil) when the lock is busy; errRace when the
+// state changed under the attempt (or only a fresh read can tell);
+// errLockDelay; or a final error. The granting transaction also writes the
+// session's record, whose guard fails the attempt if the record moved.
+func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, error) {
 	key := h.spec.Key
+	if st == nil {
+		st = &State{Key: key, Kind: KindNone} // not read yet: assume absent
+	}
 	if err := lockConflict(st); err != nil {
 		return nil, err
 	}
 	if hd, ok := st.holder(h.session); ok {
 		// Already held by this session (a client-owned session): its
-		// current grant, as api.Lock would answer.
+		// current grant, as api.Lock would answer; but only a fresh read
+		// tells it from the session's earlier, released grant.
+		if !fresh {
+			return nil, errRace
+		}
 		return &Sequencer{Key: key, Session: h.session, LockIndex: hd.LockIndex, Token: h.currentToken(st, hd), Kind: KindLock}, nil
 	}
 	if len(st.Holders) > 0 {

@@ -59,7 +59,7 @@ func semaphoreConflict(st *State, limit uint32) error {
 // full (or, with fair, when older waiters go first), errRace, or a final
 // error. The admitting check-and-set of `.lock` and the session's record
 // are one transaction: the token is its Raft index.
-func (h *hold) trySemaphore(ctx context.Context, st *State) (*Sequencer, error) {
+func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequencer, error) {
 	prefix := h.spec.Key
 	if err := semaphoreConflict(st, h.limit); err != nil {
 		return nil, err
@@ -73,6 +73,9 @@ func (h *hold) trySemaphore(ctx context.Context, st *State) (*Sequencer, error) 
 		holders[hd.Session] = true
 	}
 	if hd, ok := st.holder(h.session); ok {
+		if !fresh {
+			return nil, errRace // only a fresh read tells it from an earlier grant
+		}
 		return &Sequencer{Key: prefix, Session: h.session, LockIndex: me.LockIndex, Token: h.currentToken(st, hd), Kind: KindSemaphore}, nil
 	}
 	free := int(h.limit) - len(holders)

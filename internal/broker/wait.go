@@ -47,18 +47,20 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &waiter{h: h, delays: map[string]time.Duration{}, fresh: true}
+	w := &waiter{h: h, delays: map[string]time.Duration{}, fresh: h.sem}
 	for {
 		seq, delayLeft, raced, err := w.attempt(ctx, st)
 		if seq != nil || err != nil {
 			return seq, err
 		}
-		if raced {
+		if raced || st == nil {
 			if st, err = h.b.readState(ctx, h.spec.Key); err != nil {
 				return nil, err
 			}
 			w.fresh = true
-			continue
+			if raced {
+				continue
+			}
 		}
 		if err := w.report(ctx, st, delayLeft); err != nil {
 			return nil, err
@@ -81,7 +83,7 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		case <-h.sub.wake:
 			w.fresh = false
 			if next, _ := h.sub.state(); next != nil {
-				if len(st.Holders) > 0 && len(next.Holders) == 0 {
+				if st != nil && len(st.Holders) > 0 && len(next.Holders) == 0 {
 					w.lastHolders, w.freedAt = st.Holders, time.Now()
 				}
 				st = next
@@ -90,15 +92,20 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 	}
 }
 
-// first reads the key consistently before the first attempt and, for a
-// semaphore, enters this session's contender entry.
+// first is the state of the first attempt. A lock tries at once on what
+// the shared watch knows (nil when it knows nothing yet: the attempt then
+// assumes the key absent); its transaction checks that state, so a stale
+// one costs a failed attempt and a consistent read, never a wrong grant. A
+// semaphore reads the key consistently and enters this session's
+// contender entry first.
 func (h *hold) first(ctx context.Context) (*State, error) {
+	if !h.sem {
+		st, _ := h.sub.state()
+		return st, nil
+	}
 	st, err := h.b.readState(ctx, h.spec.Key)
 	if err != nil {
 		return nil, err
-	}
-	if !h.sem {
-		return st, nil
 	}
 	if err := semaphoreConflict(st, h.limit); err != nil {
 		return nil, err
@@ -120,9 +127,9 @@ func (w *waiter) attempt(ctx context.Context, st *State) (*Sequencer, time.Durat
 	var seq *Sequencer
 	var err error
 	if h.sem {
-		seq, err = h.trySemaphore(ctx, st)
+		seq, err = h.trySemaphore(ctx, st, w.fresh)
 	} else {
-		seq, err = h.tryLock(ctx, st)
+		seq, err = h.tryLock(ctx, st, w.fresh)
 	}
 	switch {
 	case seq != nil:
@@ -168,9 +175,10 @@ func (w *waiter) lockDelay(st *State) (*Sequencer, time.Duration, error) {
 	if !w.h.tryOnce() {
 		return nil, left, nil
 	}
-	e := newError(ErrBusy, ReasonLockDelay, "key %q is in Consul's lock-delay (its end is unknown to this broker)", st.Key)
+	key := w.h.spec.Key
+	e := newError(ErrBusy, ReasonLockDelay, "key %q is in Consul's lock-delay (its end is unknown to this broker)", key)
 	if known {
-		e = newError(ErrBusy, ReasonLockDelay, "key %q is in Consul's lock-delay for about %s more", st.Key, left.Round(time.Millisecond))
+		e = newError(ErrBusy, ReasonLockDelay, "key %q is in Consul's lock-delay for about %s more", key, left.Round(time.Millisecond))
 		e.RetryAfter = left
 	}
 	return nil, 0, e.withState(st)
