@@ -44,7 +44,8 @@ async function hold(client, args) {
   // Stdin's end is a request to release when stdin is a pipe (not /dev/null or a terminal).
   const stdinPipe = (() => {
     try {
-      return fstatSync(0).isFIFO();
+      const st = fstatSync(0);
+      return st.isFIFO() || st.isSocket();
     } catch {
       return false;
     }

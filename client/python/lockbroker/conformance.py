@@ -38,7 +38,8 @@ def _error(e):
 
 def _stdin_is_pipe():
     try:
-        return stat.S_ISFIFO(os.fstat(0).st_mode)
+        mode = os.fstat(0).st_mode
+        return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
     except OSError:
         return False
 
