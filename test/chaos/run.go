@@ -148,12 +148,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	r.cluster = cfg.Cluster
 	if r.cluster == nil {
-		c, err := startCluster(ctx, cfg.OutDir)
+		c, err := StartCluster(ctx, cfg.OutDir)
 		if err != nil {
 			return nil, err
 		}
 		defer c.Close()
-		r.cluster = c
+		r.cluster = c.Cluster
 	}
 	before, err := r.sessions(ctx)
 	if err != nil {
@@ -224,29 +224,47 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return r.report(snap, sched, left, duration), nil
 }
 
-// startCluster starts the run's own 3-server cluster with logs in dir.
-func startCluster(ctx context.Context, dir string) (*consultest.Cluster, error) {
-	var logs []*os.File
-	c, err := consultest.StartCluster(ctx, consultest.ClusterConfig{LogWriter: func(i int) io.Writer {
+// Cluster is a Consul cluster with its log files.
+type Cluster struct {
+	*consultest.Cluster
+	logs []*os.File
+}
+
+// StartCluster starts a 3-server Consul cluster (for one run, or for
+// several to share) with the servers' logs in dir.
+func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	c := &Cluster{}
+	cc, err := consultest.StartCluster(ctx, consultest.ClusterConfig{LogWriter: func(i int) io.Writer {
 		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("consul-%d.log", i)))
 		if err != nil {
 			return nil
 		}
-		logs = append(logs, f)
+		c.logs = append(c.logs, f)
 		return f
 	}})
 	if err != nil {
+		c.closeLogs()
 		return nil, fmt.Errorf("consul cluster: %w", err)
 	}
+	c.Cluster = cc
 	return c, nil
 }
 
-// StartCluster starts a cluster for several runs to share.
-func StartCluster(ctx context.Context, dir string) (*consultest.Cluster, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+// Close stops the servers and closes their logs.
+func (c *Cluster) Close() error {
+	err := c.Cluster.Close()
+	c.closeLogs()
+	return err
+}
+
+func (c *Cluster) closeLogs() {
+	for _, f := range c.logs {
+		f.Close()
 	}
-	return startCluster(ctx, dir)
+	c.logs = nil
 }
 
 func (r *run) logf(format string, args ...any) {
@@ -357,8 +375,9 @@ func (r *run) progress(ctx context.Context) {
 		}
 		_, nf := r.faults.snapshot()
 		fe, ov := CheckFencing(s), CheckOverlap(s)
-		r.logf("faults %d, holds %d, losses %d, fencing refusals %d; violations so far: fencing %d, overlap %d",
-			nf, len(s.Holds), lost, r.res.Refused(), fe.Count, ov.Count)
+		lb, _ := CheckLoss(s, lossBounds)
+		r.logf("faults %d, holds %d, losses %d, fencing refusals %d; violations so far: fencing %d, overlap %d, loss-bound %d",
+			nf, len(s.Holds), lost, r.res.Refused(), fe.Count, ov.Count, lb.Count)
 	}
 }
 

@@ -151,7 +151,7 @@ func run() int {
 		}
 		dir := filepath.Join(*out, name)
 		rep, err := chaos.Run(ctx, chaos.Config{Profile: rp, Seed: seed, Mutant: m, BrokerBin: bins[chaos.Mutants[m]],
-			OutDir: dir, Cluster: cluster, Progress: os.Stdout})
+			OutDir: dir, Cluster: cluster.Cluster, Progress: os.Stdout})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
