@@ -117,9 +117,7 @@ clean:
 .PHONY: chaos-short fuzz
 CHAOS := $(GO) run ./test/chaos/cmd/chaos
 FUZZTIME ?= 30s
-# FuzzHoldStateMachine joins once internal/broker exports its hold state
-# machine (it skips until then).
-FUZZ_TARGETS := FuzzRequests FuzzSemaphoreLock
+FUZZ_TARGETS := FuzzRequests FuzzSemaphoreLock FuzzHoldStateMachine
 
 # About 3 minutes: faults against race-built brokers, then each mutant on
 # a short focused schedule (every mutant must be caught). MUTANT=name runs

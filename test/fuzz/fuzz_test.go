@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
@@ -409,14 +411,167 @@ func FuzzSemaphoreLock(f *testing.F) {
 	})
 }
 
-// FuzzHoldStateMachine is meant to drive the broker's hold state machine
-// (grant, keepalive, loss, release, resume, shutdown in random orders)
-// through a small pure type that internal/broker is to export.
+// lifecycleModel is the hold lifecycle as internal/broker documents it:
+// waiting → held → releasing → ended, releasing back to held when a
+// release does not happen, the first decision final, and a loss seen
+// during a release deferred until the release is known.
+type lifecycleModel struct {
+	phase   broker.Phase
+	outcome broker.Outcome
+	pending *broker.Outcome
+}
+
+func (m *lifecycleModel) grant() bool {
+	if m.phase != broker.PhaseWaiting {
+		return false
+	}
+	m.phase = broker.PhaseHeld
+	return true
+}
+
+func (m *lifecycleModel) beginRelease() bool {
+	if m.phase != broker.PhaseHeld {
+		return false
+	}
+	m.phase = broker.PhaseReleasing
+	return true
+}
+
+func (m *lifecycleModel) endRelease(released bool) {
+	if m.phase != broker.PhaseReleasing {
+		return
+	}
+	switch {
+	case released:
+		m.phase, m.outcome = broker.PhaseEnded, broker.Outcome{Kind: broker.OutcomeReleased}
+	case m.pending != nil:
+		m.phase, m.outcome = broker.PhaseEnded, *m.pending
+	default:
+		m.phase = broker.PhaseHeld
+	}
+	m.pending = nil
+}
+
+func (m *lifecycleModel) end(o broker.Outcome) bool {
+	switch m.phase {
+	case broker.PhaseEnded:
+		return false
+	case broker.PhaseReleasing:
+		if m.pending == nil {
+			m.pending = &o
+		}
+		return false
+	}
+	m.phase, m.outcome = broker.PhaseEnded, o
+	return true
+}
+
+// outcomeOf draws an outcome from a byte.
+func outcomeOf(b byte) broker.Outcome {
+	kinds := []broker.OutcomeKind{broker.OutcomeReleased, broker.OutcomeLost, broker.OutcomeResumed,
+		broker.OutcomeShutdown, broker.OutcomeCanceled, broker.OutcomeFailed}
+	o := broker.Outcome{Kind: kinds[int(b)%len(kinds)]}
+	if o.Kind == broker.OutcomeLost {
+		o.Reason = broker.LostReason(1 + int(b/8)%7)
+	}
+	return o
+}
+
+// FuzzHoldStateMachine drives broker.Lifecycle (the pure type that decides
+// every hold's outcome) with random event orders and compares it, step by
+// step, with lifecycleModel: same answers, same phase, same outcome, Done
+// closed exactly when the outcome is decided and the outcome final. The
+// same events are then replayed from several goroutines at once: exactly
+// one outcome, one of those offered.
 func FuzzHoldStateMachine(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3})
+	f.Add([]byte{0, 1, 4, 9, 3})
+	f.Add([]byte{0, 1, 4, 9, 2})
+	f.Add([]byte{4, 0, 0, 1, 5, 1, 2})
+	f.Add([]byte{0, 1, 3, 1, 4, 17, 4, 2, 2})
 	f.Fuzz(func(t *testing.T, events []byte) {
-		// TODO(chaos): drive internal/broker's exported hold state machine
-		// once the lead exports it (see test/chaos/README.md, "asks").
-		t.Skip("internal/broker does not export its hold state machine yet")
+		l := broker.NewLifecycle()
+		m := &lifecycleModel{phase: broker.PhaseWaiting}
+		for i := 0; i < len(events); i++ {
+			op := events[i] % 5
+			switch op {
+			case 0:
+				if got, want := l.Grant(), m.grant(); got != want {
+					t.Fatalf("step %d Grant = %v, model %v", i, got, want)
+				}
+			case 1:
+				if got, want := l.BeginRelease(), m.beginRelease(); got != want {
+					t.Fatalf("step %d BeginRelease = %v, model %v", i, got, want)
+				}
+			case 2, 3:
+				l.EndRelease(op == 2)
+				m.endRelease(op == 2)
+			case 4:
+				var b byte
+				if i+1 < len(events) {
+					i++
+					b = events[i]
+				}
+				o := outcomeOf(b)
+				if got, want := l.End(o), m.end(o); got != want {
+					t.Fatalf("step %d End(%+v) = %v, model %v", i, o, got, want)
+				}
+			}
+			if got := l.Phase(); got != m.phase {
+				t.Fatalf("step %d: phase %v, model %v (events %v)", i, got, m.phase, events[:i+1])
+			}
+			out, ended := l.Outcome()
+			if ended != (m.phase == broker.PhaseEnded) || (ended && out != m.outcome) {
+				t.Fatalf("step %d: outcome %+v ended %v, model %+v phase %v", i, out, ended, m.outcome, m.phase)
+			}
+			select {
+			case <-l.Done():
+				if !ended {
+					t.Fatalf("step %d: Done closed before the outcome", i)
+				}
+			default:
+				if ended {
+					t.Fatalf("step %d: outcome decided but Done open", i)
+				}
+			}
+		}
+
+		// The same events from four goroutines at once.
+		c := broker.NewLifecycle()
+		c.Grant()
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for i := g; i < len(events); i += 4 {
+					switch events[i] % 5 {
+					case 0:
+						c.Grant()
+					case 1:
+						c.BeginRelease()
+					case 2, 3:
+						c.EndRelease(events[i]%5 == 2)
+					case 4:
+						c.End(outcomeOf(events[i] / 5))
+					}
+				}
+			})
+		}
+		wg.Wait()
+		c.End(broker.Outcome{Kind: broker.OutcomeCanceled}) // decides if nothing did (unless releasing)
+		c.EndRelease(false)
+		c.End(broker.Outcome{Kind: broker.OutcomeCanceled})
+		out, ended := c.Outcome()
+		if !ended {
+			t.Fatalf("concurrent: no outcome after a final End (phase %v)", c.Phase())
+		}
+		ok := out.Kind == broker.OutcomeReleased || out == broker.Outcome{Kind: broker.OutcomeCanceled}
+		for i := range events {
+			if events[i]%5 == 4 && out == outcomeOf(events[i]/5) {
+				ok = true
+			}
+		}
+		if !ok {
+			t.Fatalf("concurrent: outcome %+v was never offered", out)
+		}
 	})
 }
