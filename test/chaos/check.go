@@ -218,6 +218,7 @@ type LossStats struct {
 var takenReasons = map[string]bool{
 	"lost:SESSION_INVALIDATED": true, "lost:RELEASED_BY_OTHER": true,
 	"lost:DELETED_BY_OTHER": true, "lost:LIMIT_CONFLICT": true,
+	"lost:RELEASED_UNASKED": true, // a `released` its client never asked for
 }
 
 // CheckLoss checks that every hold that ended in a loss (for a client that
