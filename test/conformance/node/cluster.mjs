@@ -5,7 +5,7 @@
 // a process group of its own and every wait has a bound.
 
 import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, openSync, closeSync, readFileSync, accessSync, constants } from "node:fs";
+import { mkdtempSync, openSync, closeSync, readFileSync, accessSync, constants, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { createSocket } from "node:dgram";
 import { tmpdir } from "node:os";
@@ -26,7 +26,9 @@ let built;
 export function brokerBinary() {
   if (process.env.LOCKBROKER_BIN) return process.env.LOCKBROKER_BIN;
   if (!built) {
-    const out = join(mkdtempSync(join(tmpdir(), "lockbroker-conformance-bin-")), "broker");
+    const dir = mkdtempSync(join(tmpdir(), "lockbroker-conformance-bin-"));
+    process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
+    const out = join(dir, "broker");
     execFileSync("go", ["build", "-o", out, "./cmd/broker"], { cwd: REPO, stdio: ["ignore", "inherit", "inherit"], timeout: 600_000 });
     built = out;
   }
@@ -244,8 +246,13 @@ export class Cluster {
     return b.start();
   }
 
+  // Stops every process; removes the logs and Consul's data unless
+  // LOCKBROKER_KEEP_LOG is set (then it prints where they are).
   async stop() {
     for (const b of this.brokers ?? []) await b.stop();
     await this.consul?.stop();
+    if (this.consul) rmSync(this.consul.dataDir, { recursive: true, force: true });
+    if (process.env.LOCKBROKER_KEEP_LOG) console.log(`conformance logs: ${this.logDir}`);
+    else if (this.logDir) rmSync(this.logDir, { recursive: true, force: true });
   }
 }

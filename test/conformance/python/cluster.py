@@ -7,8 +7,10 @@ overrides it). Every process runs in a process group of its own, so a stop
 also ends whatever it started, and every wait has a bound.
 """
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,12 +34,15 @@ class SetupError(Exception):
 
 
 def broker_binary():
-    """Builds cmd/broker once per test run (or uses LOCKBROKER_BIN)."""
+    """Builds cmd/broker once per test run (or uses LOCKBROKER_BIN); the
+    build is removed when the process exits."""
     global _built
     if os.environ.get("LOCKBROKER_BIN"):
         return os.environ["LOCKBROKER_BIN"]
     if _built is None:
-        out = os.path.join(tempfile.mkdtemp(prefix="lockbroker-conformance-bin-"), "broker")
+        bin_dir = tempfile.mkdtemp(prefix="lockbroker-conformance-bin-")
+        atexit.register(shutil.rmtree, bin_dir, True)
+        out = os.path.join(bin_dir, "broker")
         r = subprocess.run(["go", "build", "-o", out, "./cmd/broker"], cwd=REPO, capture_output=True, text=True,
                            timeout=600)
         if r.returncode != 0:
@@ -242,6 +247,13 @@ class Cluster:
         return b.start()
 
     def stop(self):
+        """Stops every process; removes the logs and Consul's data unless
+        LOCKBROKER_KEEP_LOG is set (then it prints where they are)."""
         for b in self.brokers:
             b.stop()
         self.consul.stop()
+        shutil.rmtree(self.consul.data_dir, ignore_errors=True)
+        if os.environ.get("LOCKBROKER_KEEP_LOG"):
+            print(f"conformance logs: {self.log_dir}")
+        else:
+            shutil.rmtree(self.log_dir, ignore_errors=True)

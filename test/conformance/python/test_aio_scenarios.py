@@ -94,7 +94,7 @@ def test_aio_s4_resume_then_loss(cluster, key, figure):
             err = await lease.wait_lost(known - time.monotonic() + 5.0)
             reported = time.monotonic()
             assert err is not None, "loss never reported"
-            margin = known - reported
+            margin = lease.deadline - reported  # the deadline the library last knew
             figure("S4 (aio) loss with no replica left, before the deadline by", margin)
             assert err.reason == "KEEPALIVE_TIMEOUT", err
             assert 0 < margin <= 1.0, margin
