@@ -4,11 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -217,35 +217,95 @@ func consulConns(port int) int {
 	return n
 }
 
-// goroutineCounts classifies every goroutine of the process by its stack:
-// "broker" (the in-process replica: internal/ packages, the gRPC server),
-// "client" (this test's streams and the gRPC client), "consul-http"
-// (net/http connections to Consul, whoever owns them) and "other".
-func goroutineCounts() map[string]int {
-	var buf bytes.Buffer
-	_ = pprof.Lookup("goroutine").WriteTo(&buf, 2)
-	out := map[string]int{}
-	for _, g := range strings.Split(buf.String(), "\n\n") {
-		if !strings.HasPrefix(g, "goroutine ") {
-			continue
+// sideOf classifies a stack (leaf first, up to 32 frames) as "broker"
+// (the in-process replica: internal/ packages, the gRPC server), "client"
+// (this test's streams and the gRPC client), "consul-http" (net/http
+// connections to Consul, whoever owns them) or "other".
+func sideOf(stk []uintptr) string {
+	frames := runtime.CallersFrames(stk)
+	side := "other"
+	for {
+		f, more := frames.Next()
+		switch fn := f.Function; {
+		case strings.Contains(fn, "lockbroker/test/bench."),
+			strings.Contains(fn, "grpc.newClientStream"), strings.Contains(fn, "grpc.(*clientStream)"),
+			strings.Contains(fn, "http2Client"), strings.Contains(fn, "NewHTTP2Client"), strings.Contains(fn, "grpc.(*ClientConn)"),
+			strings.Contains(fn, "grpc.(*addrConn)"), strings.Contains(fn, "ccBalancerWrapper"),
+			strings.Contains(fn, "ccResolverWrapper"):
+			return "client"
+		case strings.Contains(fn, "lockbroker/internal/"), strings.Contains(fn, "grpc.(*Server)"),
+			strings.Contains(fn, "http2Server"), strings.Contains(fn, "NewServerTransport"):
+			side = "broker" // unless a client frame is further up
+		case side == "other" && strings.Contains(fn, "net/http.(*persistConn)"):
+			side = "consul-http"
 		}
-		switch {
-		case strings.Contains(g, "lockbroker/test/bench."),
-			strings.Contains(g, "grpc.newClientStream"), strings.Contains(g, "(*clientStream)"),
-			strings.Contains(g, "http2Client"), strings.Contains(g, "grpc.(*ClientConn)"),
-			strings.Contains(g, "grpc.(*addrConn)"), strings.Contains(g, "ccBalancerWrapper"),
-			strings.Contains(g, "ccResolverWrapper"):
-			out["client"]++
-		case strings.Contains(g, "lockbroker/internal/"), strings.Contains(g, "grpc.(*Server)"),
-			strings.Contains(g, "http2Server"):
-			out["broker"]++
-		case strings.Contains(g, "net/http.(*persistConn)"):
-			out["consul-http"]++
-		default:
-			out["other"]++
+		if !more {
+			return side
 		}
 	}
+}
+
+// goroutineCounts counts the process's goroutines by sideOf their stacks
+// (runtime.GoroutineProfile: it does not stop the world for long, unlike a
+// full stack dump).
+func goroutineCounts() map[string]int {
+	var recs []runtime.StackRecord
+	for {
+		n, ok := runtime.GoroutineProfile(recs)
+		if ok {
+			recs = recs[:n]
+			break
+		}
+		recs = make([]runtime.StackRecord, n+n/10+16)
+	}
+	out := map[string]int{}
+	for _, r := range recs {
+		out[sideOf(r.Stack())]++
+	}
 	return out
+}
+
+// heapBySide estimates the live heap by sideOf the allocating stack, in
+// bytes, from the sampled heap profile (as of the last GC), each sample
+// scaled as pprof does.
+func heapBySide() map[string]float64 {
+	var recs []runtime.MemProfileRecord
+	for {
+		n, ok := runtime.MemProfile(recs, true)
+		if ok {
+			recs = recs[:n]
+			break
+		}
+		recs = make([]runtime.MemProfileRecord, n+n/10+16)
+	}
+	rate := float64(runtime.MemProfileRate)
+	out := map[string]float64{}
+	for _, r := range recs {
+		objs, bytes := r.InUseObjects(), r.InUseBytes()
+		if objs <= 0 || bytes <= 0 {
+			continue
+		}
+		scale := 1.0
+		if rate > 1 {
+			avg := float64(bytes) / float64(objs)
+			scale = 1 / (1 - math.Exp(-avg/rate))
+		}
+		out[sideOf(r.Stack())] += float64(bytes) * scale
+	}
+	return out
+}
+
+// loadAvg is /proc/loadavg's first three fields.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // callCounter is an http.RoundTripper that counts the Consul calls of an

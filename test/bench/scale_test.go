@@ -32,6 +32,7 @@ type scaleHold struct {
 	key    string
 	seq    atomic.Pointer[lockbrokerv1.Sequencer]
 	victim atomic.Bool    // its session is destroyed on purpose
+	done   atomic.Bool    // its reader goroutine has returned
 	lostCh chan time.Time // when a victim's `lost` arrived
 }
 
@@ -54,6 +55,7 @@ func TestScale(t *testing.T) {
 	nHolds, nWatchers := *scaleHolds, min(*scaleWatchers, *scaleHolds)
 	watchEvery := max(nHolds/max(nWatchers, 1), 1) // watcher w watches hold w*watchEvery
 
+	load0 := loadAvg()
 	runtime.GC()
 	g0 := goroutineCounts()
 	rss0, _ := rssKiB()
@@ -137,6 +139,7 @@ func TestScale(t *testing.T) {
 		h := &scaleHold{key: fmt.Sprintf("t%d/lock", i), lostCh: make(chan time.Time, 1)}
 		holds[i] = h
 		go func() {
+			defer h.done.Store(true)
 			st, err := c.Acquire(ctx, &lockbrokerv1.AcquireRequest{Key: h.key})
 			if err != nil {
 				acqErrs.add(err)
@@ -189,17 +192,23 @@ func TestScale(t *testing.T) {
 	}
 	watchersSaw, watchersSeeing := time.Since(t2), watchSeeHolder.Load()
 
-	// The window: hold everything, then read the gauges.
+	// The window: hold everything; read the gauges half way through, so
+	// that any stall the reading causes would show as losses in the window.
 	lostBefore, endedBefore, watchBefore := lost.Load(), ended.Load(), watchEvents.Load()
-	time.Sleep(*scaleWindow)
-	lostWindow, endedWindow := lost.Load()-lostBefore, ended.Load()-endedBefore
-	watchWindow := watchEvents.Load() - watchBefore
+	windowStart := time.Now()
+	time.Sleep(*scaleWindow / 2)
+	snapStart := time.Now()
 	runtime.GC()
 	gDuring := goroutineCounts()
+	heap := heapBySide()
 	rss, hwm := rssKiB()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	blockingNow := r.Store.OpenBlockingQueries()
+	snapTook := time.Since(snapStart)
+	time.Sleep(time.Until(windowStart.Add(*scaleWindow)))
+	lostWindow, endedWindow := lost.Load()-lostBefore, ended.Load()-endedBefore
+	watchWindow := watchEvents.Load() - watchBefore
 
 	// Loss notice for holds without a dedicated watch (no watcher on the
 	// key): destroy their sessions in Consul, time `lost`.
@@ -209,7 +218,7 @@ func TestScale(t *testing.T) {
 	for i, n := len(holds)-1, 0; i >= 0 && n < *scaleLoss; i-- {
 		h := holds[i]
 		seq := h.seq.Load()
-		if i%watchEvery == 0 || seq == nil {
+		if i%watchEvery == 0 || seq == nil || h.done.Load() {
 			continue
 		}
 		n++
@@ -249,19 +258,25 @@ func TestScale(t *testing.T) {
 	tb.add("watchers that saw their holder / time after all acquired", fmt.Sprintf("%d / %s", watchersSeeing, watchersSaw.Round(time.Millisecond)), "all")
 	tb.add("watch events during the window (no holder changed)", strconv.FormatInt(watchWindow, 10), "0")
 	tb.add("max TCP connections to the agent's HTTP port (whole run)", strconv.FormatInt(maxConns.Load(), 10), "≤ 180")
-	tb.add("max / end-of-window open blocking queries (Store)", fmt.Sprintf("%d / %d", maxBlocking.Load(), blockingNow), "capped")
+	tb.add("max / mid-window open blocking queries (Store)", fmt.Sprintf("%d / %d", maxBlocking.Load(), blockingNow), "capped")
 	tb.add("max blocking queries queued for a slot", strconv.FormatInt(maxQueued.Load(), 10), "")
-	tb.add("RSS end of window / peak (whole process)", fmt.Sprintf("%.0f / %.0f MiB (+%.0f MiB)", float64(rss)/1024, float64(hwm)/1024, float64(rss-rss0)/1024), "≤ 512 MiB")
-	tb.add("Go heap in use end of window (whole process)", fmt.Sprintf("%.0f MiB", float64(ms.HeapInuse)/(1<<20)), "")
+	tb.add("RSS mid-window / peak (whole process: broker + test clients)", fmt.Sprintf("%.0f / %.0f MiB (+%.0f MiB)", float64(rss)/1024, float64(hwm)/1024, float64(rss-rss0)/1024), "≤ 512 MiB (broker)")
+	tb.add("Go heap / goroutine stacks in use mid-window (whole process)",
+		fmt.Sprintf("%.0f / %.0f MiB", float64(ms.HeapInuse)/(1<<20), float64(ms.StackInuse)/(1<<20)), "")
+	mib := func(k string) string { return fmt.Sprintf("%.0f", heap[k]/(1<<20)) }
+	tb.add("  live heap by allocating side, MiB (broker, client, consul-http, other)",
+		fmt.Sprintf("%s, %s, %s, %s", mib("broker"), mib("client"), mib("consul-http"), mib("other")), "")
+	tb.add("time the mid-window reading took (GC + profiles)", snapTook.Round(time.Millisecond).String(), "")
 	tb.add("broker-side goroutines per hold ((during−before)/holds)", fmt.Sprintf("%.2f", goroutinesPer("broker")), "≤ 3")
 	tb.add("client-side goroutines per hold (this test's streams)", fmt.Sprintf("%.2f", goroutinesPer("client")), "")
-	tb.add("goroutines: before → during (broker, client, consul-http, other)",
+	tb.add("goroutines: before → mid-window (broker, client, consul-http, other)",
 		fmt.Sprintf("%d → %d (%d, %d, %d, %d)", totalG(g0), totalG(gDuring), gDuring["broker"], gDuring["client"], gDuring["consul-http"], gDuring["other"]), "")
 	tb.add(fmt.Sprintf("loss notice, unwatched hold, p50 / max (n=%d)", loss.len()),
 		fmt.Sprintf("%s / %s ms", fmtMs(loss.p50()), fmtMs(loss.quantile(1))), "≤ 1000 ms")
 
 	var out strings.Builder
 	fmt.Fprintf(&out, "# scale run (issue 10 item 1, issue 12) — reproduce: %s\n", reproduce)
+	fmt.Fprintf(&out, "# GOMAXPROCS=%d cpu %q, load average at start %s, at end %s; tree: %s\n", runtime.GOMAXPROCS(0), cpuModel(), load0, loadAvg(), treeState(t))
 	fmt.Fprintf(&out, "# one in-process replica, one gRPC connection carrying %d Acquire + %d Watch streams, default session options;\n", nHolds, nWatchers)
 	out.WriteString("#   agent started with limits { http_max_conns_per_client = 200 }. RSS, heap and goroutine totals include this\n")
 	fmt.Fprintf(&out, "#   test's own client side (%d streams in the same process); goroutines are classified by stack.\n", nHolds+nWatchers)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -201,6 +202,7 @@ func TestBenchTable(t *testing.T) {
 			out.WriteString(fmt.Sprintf("# ERRORS %s: %s\n", x.name, x.r.errs.String()))
 		}
 	}
+	fmt.Fprintf(&out, "# load average at end %s\n", loadAvg())
 	fmt.Print(out.String())
 }
 
@@ -264,7 +266,9 @@ func (e *env) header(out *strings.Builder) {
 	fmt.Fprintf(out, "# reproduce: %s   (= make bench)\n", reproduce)
 	fmt.Fprintf(out, "# consul %s dev agent on %s (one agent for every row, http_max_conns_per_client = 1000; agent pid %d) · consul/api %s · %s %s/%s\n",
 		version, e.agent.HTTPAddr(), e.pid, apiVersion, runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	fmt.Fprintf(out, "# machine %s: GOMAXPROCS=%d NumCPU=%d cpu %q\n", host, runtime.GOMAXPROCS(0), runtime.NumCPU(), cpuModel())
+	fmt.Fprintf(out, "# machine %s: GOMAXPROCS=%d NumCPU=%d cpu %q; load average at start %s (the machine is shared)\n",
+		host, runtime.GOMAXPROCS(0), runtime.NumCPU(), cpuModel(), loadAvg())
+	fmt.Fprintf(out, "# tree: %s\n", treeState(e.t))
 	out.WriteString("# broker: one in-process replica (internal/brokertest) on a loopback gRPC listener, raw gen/lockbroker/v1 stubs over\n")
 	out.WriteString("#   one connection; Acquire with default session options (no session field), Release with session + token, wait `released`.\n")
 	out.WriteString("# consul api: api.Lock / api.Semaphore as users write them: LockOpts/SemaphoreOpts{SessionTTL: 15s} per cycle (a fresh\n")
@@ -578,6 +582,7 @@ func (e *env) streamless(n int) (try, rel *latencies) {
 	id := cs.GetSession().GetId()
 	defer func() { _, _ = e.bd.sessions.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: id}) }()
 	e.quiet()
+	var prevToken uint64
 	for i := range n {
 		if e.streamErrs.failed() {
 			break
@@ -602,13 +607,30 @@ func (e *env) streamless(n int) (try, rel *latencies) {
 			continue
 		}
 		if !rr.GetReleased() {
-			e.streamErrs.errs.add(fmt.Errorf("release: released=false"))
+			e.streamErrs.errs.add(e.explainNotReleased(key, id, ta.GetSequencer(), prevToken))
 		}
+		prevToken = ta.GetSequencer().GetToken()
 		try.add(t1.Sub(t0))
 		rel.add(t2.Sub(t1))
 		e.streamErrs.n++
 	}
 	return try, rel
+}
+
+// explainNotReleased describes a Release that answered released=false
+// right after TryAcquire granted seq: what Consul holds at the key now
+// (consistent read).
+func (e *env) explainNotReleased(key, session string, seq *lockbrokerv1.Sequencer, prevToken uint64) error {
+	kv, _, err := e.ac.KV().Get(key, &api.QueryOptions{RequireConsistent: true})
+	now := "absent"
+	switch {
+	case err != nil:
+		now = err.Error()
+	case kv != nil:
+		now = fmt.Sprintf("session %q (ours: %v) LockIndex %d ModifyIndex %d", kv.Session, kv.Session == session, kv.LockIndex, kv.ModifyIndex)
+	}
+	return fmt.Errorf("release after TryAcquire (token %d, LockIndex %d, previous grant's token %d): released=false; key now: %s",
+		seq.GetToken(), seq.GetLockIndex(), prevToken, now)
 }
 
 // brokerLoss measures Consul session destroy → `lost` on the stream, each
@@ -686,6 +708,22 @@ func (e *env) apiLoss(n int) *run {
 		}
 	})
 	return r
+}
+
+// treeState names the commit under test and whether the broker's sources
+// differ from it (the numbers belong to the working tree).
+func treeState(t testing.TB) string {
+	root := brokertest.RepoRoot(t)
+	head, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown (no git)"
+	}
+	dirty, _ := exec.Command("git", "-C", root, "status", "--porcelain", "--", "internal", "gen", "proto").Output()
+	state := "clean"
+	if n := len(strings.FieldsFunc(string(dirty), func(r rune) bool { return r == '\n' })); n > 0 {
+		state = fmt.Sprintf("%d uncommitted change(s) under internal/ gen/ proto/", n)
+	}
+	return fmt.Sprintf("HEAD %s, %s", strings.TrimSpace(string(head)), state)
 }
 
 func qOf(l *latencies, q float64) time.Duration {
