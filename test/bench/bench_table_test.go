@@ -36,7 +36,7 @@ var (
 )
 
 // reproduce is the command make bench runs.
-const reproduce = `go test -count=1 -timeout 30m -run 'TestBenchTable|TestScale' -bench '^$' -v ./test/bench/ -args -table -scale`
+const reproduce = `go test -count=1 -timeout 30m -run 'TestBenchTable|TestScale' -v ./test/bench/ -args -table -scale`
 
 // handoffSettle is how long a hand-off waiter is left queued before the
 // holder releases, for the broker and api.Lock alike (api.Lock cannot say
