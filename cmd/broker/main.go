@@ -166,7 +166,9 @@ func run(args []string, stderr io.Writer) error {
 	log.Info("consul", zap.String("address", consulCfg.Address), zap.Bool("token_set", consulCfg.Token != ""),
 		zap.Int("max_blocking", c.consul.MaxBlocking), zap.Int("max_conns", c.consul.MaxConns))
 
-	b := broker.New(store, log)
+	// The hub keeps its dedicated watches within the store's blocking budget;
+	// the session pool takes session creation off the critical path.
+	b := broker.New(store, log, broker.WithMaxBlocking(c.consul.MaxBlocking), broker.WithSessionPool())
 	srv, err := server.New(b, store, log, server.WithKeepalive(c.keepaliveTime, c.keepaliveTimeout))
 	if err != nil {
 		return err

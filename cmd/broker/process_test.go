@@ -86,9 +86,18 @@ func TestStoppedClientReleased(t *testing.T) {
 	require.Eventually(t, func() bool { return holderOf() == "" }, vanishedClientBound, 100*time.Millisecond,
 		"the stopped client's hold must be released within %v", vanishedClientBound)
 	t.Logf("stopped client's hold released in Consul %v after SIGSTOP", time.Since(stopped).Round(100*time.Millisecond))
-	info, _, err := agent.Client().Session().Info(session, &api.QueryOptions{RequireConsistent: true})
+	// The broker-owned session holds nothing any more: it is destroyed, or
+	// (default options) back in the broker's session pool, with nothing
+	// acquired and nothing recorded for it.
+	pairs, _, err := kv.List("", &api.QueryOptions{RequireConsistent: true})
 	require.NoError(t, err)
-	assert.Nil(t, info, "the broker-owned session must be destroyed too")
+	for _, p := range pairs {
+		if p.Key != "lockbroker/sessions/"+session {
+			assert.NotEqual(t, session, p.Session, "the stopped client's session still holds %s", p.Key)
+		} else {
+			assert.NotContains(t, string(p.Value), key, "the session's record still lists the key")
+		}
+	}
 }
 
 // TestDrainBounded opens, on a broker process, a holder that reads its

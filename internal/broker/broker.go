@@ -41,18 +41,24 @@ type Broker struct {
 	closeOnce sync.Once
 	holds     sync.WaitGroup
 
-	mu    sync.Mutex
-	local map[string]*hold // granted holds, by key + "\x00" + session
+	tenantStore func(tenant string) Store
+
+	mu      sync.Mutex
+	local   map[string]*hold   // granted holds, by key + "\x00" + session
+	waiting map[*hold]struct{} // holds waiting for their grant
 
 	cacheMu sync.Mutex
 	grants  map[string]grantInfo // see fillTokens
 	recent  map[string]time.Time // releases this replica made, see Release
 
+	pool        *sessionPool // nil unless WithSessionPool
 	janitorStop context.CancelFunc
-	janitorDone chan struct{}
+	janitorDone chan struct{} // the janitor and the pool stopped
 }
 
 type options struct {
+	pool          bool
+	tenantStore   func(tenant string) Store
 	id            string
 	maxBlocking   int
 	sweepInterval time.Duration
@@ -75,6 +81,11 @@ func WithMaxBlocking(n int) Option { return func(o *options) { o.maxBlocking = m
 // change to such a key is noticed.
 func WithSweepInterval(d time.Duration) Option { return func(o *options) { o.sweepInterval = d } }
 
+// WithSessionPool keeps ready sessions with the default options so that an
+// Acquire with default options costs one transaction (see pool.go).
+// Default off; the broker binary turns it on.
+func WithSessionPool() Option { return func(o *options) { o.pool = true } }
+
 // New returns a Broker on store. log must not be nil.
 func New(store Store, log *zap.Logger, opts ...Option) *Broker {
 	o := options{maxBlocking: DefaultMaxBlocking, sweepInterval: DefaultSweepInterval, janitor: time.Minute}
@@ -87,19 +98,27 @@ func New(store Store, log *zap.Logger, opts ...Option) *Broker {
 		o.id = hex.EncodeToString(b[:])
 	}
 	b := &Broker{
-		store:    store,
-		log:      log,
-		id:       o.id,
-		hub:      newHub(store, log, o.maxBlocking, o.sweepInterval),
-		shutdown: make(chan struct{}),
-		drained:  make(chan struct{}),
-		local:    make(map[string]*hold),
-		grants:   make(map[string]grantInfo),
-		recent:   make(map[string]time.Time),
+		store:       store,
+		log:         log,
+		id:          o.id,
+		hub:         newHub(store, log, o.maxBlocking, o.sweepInterval),
+		shutdown:    make(chan struct{}),
+		drained:     make(chan struct{}),
+		local:       make(map[string]*hold),
+		waiting:     make(map[*hold]struct{}),
+		tenantStore: o.tenantStore,
+		grants:      make(map[string]grantInfo),
+		recent:      make(map[string]time.Time),
 	}
 	jctx, cancel := context.WithCancel(context.Background())
 	b.janitorStop, b.janitorDone = cancel, make(chan struct{})
-	go func() { defer close(b.janitorDone); b.janitor(jctx, o.janitor) }()
+	var bg sync.WaitGroup
+	bg.Go(func() { b.janitor(jctx, o.janitor) })
+	if o.pool {
+		b.pool = newSessionPool(b)
+		bg.Go(func() { b.pool.run(jctx) })
+	}
+	go func() { bg.Wait(); close(b.janitorDone) }()
 	return b
 }
 

@@ -32,7 +32,7 @@ func (h *hold) finish(released bool) {
 		}
 		ops, err := h.finishOps(rec, st, released)
 		if err == nil {
-			_, err = h.b.store.Txn(ctx, ops)
+			_, err = h.st.Txn(ctx, ops)
 		}
 		if err == nil {
 			h.destroy(ctx)
@@ -94,6 +94,64 @@ func (h *hold) finishOps(rec *record, st *State, released bool) ([]Op, error) {
 	return ops, nil
 }
 
+// recycle gives a pooled session back to the pool after a clean end: the
+// record loses the key and (unless a Release did it) the key is unlocked,
+// in one transaction conditioned on the record. It reports whether it
+// did; otherwise the caller finishes the session as usual.
+func (h *hold) recycle(released bool) bool {
+	if h.pooled == nil || h.b.abandoning() {
+		return false
+	}
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	rec := h.record()
+	if rec.Owner != h.b.id {
+		return false
+	}
+	if _, listed := rec.Holds[h.spec.Key]; released && !listed {
+		// The releasing transaction already dropped the key.
+		h.pooled.rec = rec
+		if h.ren != nil {
+			h.pooled.renewed = h.ren.lastRenewal()
+		}
+		h.b.pool.put(h.pooled)
+		return true
+	}
+	next := rec.next()
+	delete(next.Holds, h.spec.Key)
+	delete(next.Since, h.spec.Key)
+	ops := rec.writeOps(next)
+	if !released {
+		if h.sem {
+			st, err := h.b.readState(ctx, h.spec.Key)
+			if err != nil {
+				return false
+			}
+			leave, _, err := leaveOps(st, h.session)
+			if err != nil {
+				return false
+			}
+			ops = append(ops, leave...)
+		} else {
+			h.mu.Lock()
+			value := h.value
+			h.mu.Unlock()
+			ops = append(ops, unlockOps(h.spec.Key, h.session, value, false)...)
+		}
+	}
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		return false
+	}
+	next.index, next.live = res[1].ModifyIndex, true
+	h.pooled.rec = next
+	if h.ren != nil {
+		h.pooled.renewed = h.ren.lastRenewal()
+	}
+	h.b.pool.put(h.pooled)
+	return true
+}
+
 // maxWriteAttempts bounds the check-and-set rounds of a release or clean
 // up; a busy semaphore's `.lock` can take a few dozen.
 const maxWriteAttempts = 50
@@ -107,7 +165,7 @@ func backoff(ctx context.Context, attempt int) {
 
 // destroy destroys the hold's session.
 func (h *hold) destroy(ctx context.Context) {
-	if err := h.b.store.DestroySession(ctx, h.session); err != nil {
+	if err := h.st.DestroySession(ctx, h.session); err != nil {
 		h.b.log.Warn("cannot destroy session; it expires with its TTL", zap.String("session", h.session), zap.Error(err))
 	}
 }
@@ -140,7 +198,7 @@ func (h *hold) abandon() {
 		if err != nil || len(ops) == 0 {
 			return
 		}
-		if _, err := h.b.store.Txn(ctx, ops); asTxnError(err) == nil {
+		if _, err := h.st.Txn(ctx, ops); asTxnError(err) == nil {
 			return
 		}
 	}

@@ -9,10 +9,13 @@ import (
 // hold is one Acquire from request to end. Its outcome is decided by its
 // Lifecycle; everything else here carries out that decision.
 type hold struct {
-	b    *Broker
-	spec AcquireSpec
-	send func(Event) error
-	life *Lifecycle
+	b      *Broker
+	st     Store // the tenant's store (see WithTenantStore)
+	tenant string
+	since  time.Time // when the request came
+	spec   AcquireSpec
+	send   func(Event) error
+	life   *Lifecycle
 
 	session string
 	owned   bool // the broker renews and destroys the session
@@ -22,9 +25,10 @@ type hold struct {
 	sem     bool
 	limit   uint32
 
-	sub   *sub
-	ren   *renewer
-	guard *guard // the session record's index, checked by the sweeper
+	sub    *sub
+	ren    *renewer
+	pooled *pooled // the pool's session this hold uses, if any
+	guard  *guard  // the session record's index, checked by the sweeper
 
 	mu  sync.Mutex
 	rec *record   // the session's record as last written or read
@@ -44,10 +48,11 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 		return newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
 	}
 	defer b.holds.Done()
-	h := b.newHold(spec, send)
+	h := b.newHold(ctx, spec, send)
 	if err := h.openSession(ctx); err != nil {
 		return err
 	}
+	b.setWaiting(h, true)
 	h.sub = b.hub.subscribe(spec.Key)
 	defer h.sub.close()
 
@@ -55,11 +60,12 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 	var wg sync.WaitGroup
 	defer func() { stopRenew(); wg.Wait() }()
 	if h.owned {
-		h.ren = newRenewer(b.store, h.session, h.ttl, h.start)
+		h.ren = newRenewer(h.st, h.session, h.ttl, h.start)
 		wg.Go(func() { h.ren.run(rctx) })
 	}
 
 	seq, resumed, err := h.obtain(ctx)
+	b.setWaiting(h, false)
 	if err == nil && !h.life.Grant() {
 		err = ctx.Err()
 	}
@@ -83,9 +89,22 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 	return h.keep(ctx)
 }
 
-func (b *Broker) newHold(spec AcquireSpec, send func(Event) error) *hold {
+func (b *Broker) newHold(ctx context.Context, spec AcquireSpec, send func(Event) error) *hold {
 	sem := spec.Semaphore || spec.Limit > 1
-	return &hold{b: b, spec: spec, send: send, life: NewLifecycle(), sem: sem, limit: max(spec.Limit, 1), value: spec.Value}
+	tenant := TenantFrom(ctx)
+	return &hold{b: b, st: b.storeFor(tenant), tenant: tenant, since: time.Now(), spec: spec, send: send,
+		life: NewLifecycle(), sem: sem, limit: max(spec.Limit, 1), value: spec.Value}
+}
+
+// setWaiting adds h to (or removes it from) the waiters ListHolds shows.
+func (b *Broker) setWaiting(h *hold, waiting bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if waiting {
+		b.waiting[h] = struct{}{}
+	} else {
+		delete(b.waiting, h)
+	}
 }
 
 // setGrant records the grant and asks to be woken by the first listing
@@ -113,7 +132,7 @@ func (h *hold) openSession(ctx context.Context) error {
 	case s.Resume != nil:
 		return h.openResumed(ctx)
 	case s.SessionID != "":
-		info, err := h.b.store.Session(ctx, s.SessionID)
+		info, err := h.st.Session(ctx, s.SessionID)
 		if err != nil {
 			return sessionError(err, s.SessionID)
 		}
@@ -122,8 +141,18 @@ func (h *hold) openSession(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if err := rec.allows(h.tenant); err != nil {
+			return err
+		}
 		h.rec = rec
 		return nil
+	}
+	if s.NewSession == nil && h.tenant == "" && h.b.pool != nil {
+		if p := h.b.pool.get(s.Key); p != nil {
+			h.session, h.owned, h.ttl, h.start = p.id, true, DefaultTTL, p.renewed
+			h.rec, h.pooled = p.rec, p
+			return nil
+		}
 	}
 	spec := withDefaults(s.NewSession)
 	if err := validateSpec(spec); err != nil {
@@ -132,13 +161,13 @@ func (h *hold) openSession(ctx context.Context) error {
 	cctx, cancel := cleanupContext()
 	defer cancel()
 	h.start = time.Now()
-	id, err := h.b.store.CreateSession(cctx, spec)
+	id, err := h.st.CreateSession(cctx, spec)
 	if err != nil {
 		return err
 	}
 	h.session, h.owned, h.ttl, h.del = id, true, spec.TTL, spec.Delete
 	h.rec = newRecord(id, h.b.id)
-	h.rec.Delete = spec.Delete
+	h.rec.Delete, h.rec.Tenant = spec.Delete, h.tenant
 	if ctx.Err() != nil {
 		h.destroy(cctx)
 		return ctx.Err()

@@ -149,10 +149,14 @@ func (h *hold) conclude(ctx context.Context, o Outcome) error {
 	switch o.Kind {
 	case OutcomeReleased:
 		err := h.send(Event{Kind: EventReleased, Sequencer: seq})
-		h.finish(true)
+		if !h.recycle(true) {
+			h.finish(true)
+		}
 		return err
 	case OutcomeCanceled:
-		h.finish(false)
+		if !h.recycle(false) {
+			h.finish(false)
+		}
 		return ctx.Err()
 	case OutcomeResumed:
 		h.b.log.Info("hold resumed on another replica", zap.String("key", seq.Key), zap.String("session", seq.Session))

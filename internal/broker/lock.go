@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // Sequencer identifies one grant.
@@ -49,10 +50,11 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 	rec := h.record()
 	next := rec.next()
 	next.Holds[key] = 0
+	next.Since[key] = time.Now().UnixMilli()
 	recAt := len(ops)
 	ops = append(ops, rec.writeOps(next)...)
 	ops = append(ops, Op{Verb: OpLock, Key: key, Value: h.spec.Value, Flags: LockFlagValue, Session: h.session})
-	res, err := h.b.store.Txn(ctx, ops)
+	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
 		return nil, h.txnFailure(ctx, err, recAt)
 	}

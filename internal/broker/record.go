@@ -43,7 +43,10 @@ type record struct {
 	// write that changes nothing (the ModifyIndex stays), so every write of
 	// a record must differ from the last: a grant that re-adds the same
 	// pending token would otherwise get no index of its own.
-	Prev  uint64            `json:"prev,omitempty"`
+	Prev uint64 `json:"prev,omitempty"`
+	// Since is when each hold was granted (Unix milliseconds), for
+	// operators.
+	Since map[string]int64  `json:"since,omitempty"`
 	Holds map[string]uint64 `json:"holds"`
 
 	session string // the session id (from the key)
@@ -88,6 +91,10 @@ func (r *record) next() *record {
 	n := *r
 	n.Prev = r.index
 	n.Holds = maps.Clone(r.Holds)
+	n.Since = maps.Clone(r.Since)
+	if n.Since == nil {
+		n.Since = map[string]int64{}
+	}
 	for k, t := range n.Holds {
 		if t == 0 {
 			n.Holds[k] = r.index

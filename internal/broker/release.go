@@ -25,7 +25,7 @@ func (b *Broker) Release(ctx context.Context, key, session string, token uint64)
 }
 
 func (b *Broker) releaseAny(ctx context.Context, key, session string, token uint64) (bool, error) {
-	if h := b.lookup(key, session); h != nil {
+	if h := b.lookup(key, session); h != nil && (TenantFrom(ctx) == "" || h.tenant == TenantFrom(ctx)) {
 		if ok, err, done := h.release(ctx, token); done {
 			return ok, err
 		}
@@ -79,7 +79,7 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 		if err != nil {
 			return false, err, true
 		}
-		res, err := h.b.store.Txn(ctx, ops)
+		res, err := h.st.Txn(ctx, ops)
 		if err == nil {
 			h.noteRecordWrite(res)
 			released = true
@@ -109,6 +109,7 @@ func (h *hold) releaseOps(st *State) ([]Op, error) {
 	rec := h.record()
 	next := rec.next()
 	delete(next.Holds, h.spec.Key)
+	delete(next.Since, h.spec.Key)
 	ops := rec.writeOps(next)
 	if h.sem {
 		if st == nil {
@@ -154,6 +155,9 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 		if err != nil {
 			return false, err
 		}
+		if err := rec.allows(TenantFrom(ctx)); err != nil {
+			return false, err
+		}
 		hd, holds := st.holder(session)
 		if !holds {
 			return false, b.notHolder(ctx, st, session)
@@ -186,6 +190,7 @@ func (b *Broker) remoteReleaseOps(ctx context.Context, st *State, rec *record, h
 	if rec.index != 0 && rec.live {
 		next := rec.next()
 		delete(next.Holds, st.Key)
+		delete(next.Since, st.Key)
 		ops = append(ops, rec.writeOps(next)...)
 	}
 	if st.Kind == KindSemaphore {

@@ -14,7 +14,7 @@ func (h *hold) openResumed(ctx context.Context) error {
 		return invalid("resume.key", "%q differs from key %q", s.Key, h.spec.Key)
 	}
 	h.start = time.Now()
-	info, err := h.b.store.RenewSession(ctx, s.Session)
+	info, err := h.st.RenewSession(ctx, s.Session)
 	if err != nil {
 		return sessionError(err, s.Session)
 	}
@@ -41,6 +41,9 @@ func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := rec.allows(h.tenant); err != nil {
+			return nil, err
+		}
 		if err := resumable(st, rec, seq, h.sem, h.limit); err != nil {
 			return nil, err
 		}
@@ -54,7 +57,7 @@ func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 		ops := append(rec.writeOps(next),
 			Op{Verb: OpCheckIndex, Key: target, Index: e.ModifyIndex},
 			Op{Verb: OpCheckSession, Key: target, Session: seq.Session})
-		res, err := h.b.store.Txn(ctx, ops)
+		res, err := h.st.Txn(ctx, ops)
 		if te := asTxnError(err); te != nil {
 			if te.Has(TxnSessionInvalid) {
 				return nil, sessionError(ErrSessionNotFound, seq.Session)

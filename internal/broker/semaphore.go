@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 )
 
 func contenderKey(prefix, session string) string { return prefix + "/" + session }
@@ -27,7 +28,7 @@ func (h *hold) enterSemaphore(ctx context.Context, st *State) error {
 		return newError(ErrConflict, ReasonForeignFlags, "contender entry %q exists and is not this session's (flags %#x)", ck, c.Flags)
 	}
 	ops = append(ops, Op{Verb: OpLock, Key: ck, Value: h.spec.Value, Flags: SemaphoreFlagValue, Session: h.session})
-	_, err := h.b.store.Txn(ctx, ops)
+	_, err := h.st.Txn(ctx, ops)
 	if te := asTxnError(err); te != nil {
 		if te.Has(TxnSessionInvalid) {
 			return sessionError(ErrSessionNotFound, h.session)
@@ -98,9 +99,10 @@ func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequen
 	rec := h.record()
 	next := rec.next()
 	next.Holds[prefix] = 0
+	next.Since[prefix] = time.Now().UnixMilli()
 	recAt := len(ops)
 	ops = append(ops, rec.writeOps(next)...)
-	res, err := h.b.store.Txn(ctx, ops)
+	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
 		return nil, h.txnFailure(ctx, err, recAt)
 	}

@@ -53,8 +53,18 @@ func (b *Broker) CreateSession(ctx context.Context, spec *SessionSpec) (*Session
 	if err := validateSpec(s); err != nil {
 		return nil, err
 	}
-	id, err := b.store.CreateSession(ctx, s)
+	st := b.storeFor(TenantFrom(ctx))
+	id, err := st.CreateSession(ctx, s)
 	if err != nil {
+		return nil, err
+	}
+	// The session's record says whose it is, so every replica agrees.
+	rec := newRecord(id, "")
+	rec.Tenant, rec.Delete = TenantFrom(ctx), s.Delete
+	if _, err := st.Txn(ctx, rec.writeOps(rec.next())); err != nil {
+		cctx, cancel := cleanupContext()
+		defer cancel()
+		_ = st.DestroySession(cctx, id)
 		return nil, err
 	}
 	return b.store.Session(ctx, id)
@@ -62,19 +72,33 @@ func (b *Broker) CreateSession(ctx context.Context, spec *SessionSpec) (*Session
 
 // RenewSession renews a client-owned session.
 func (b *Broker) RenewSession(ctx context.Context, id string) (*SessionInfo, error) {
-	return b.store.RenewSession(ctx, id)
+	if err := b.checkTenant(ctx, id); err != nil {
+		return nil, err
+	}
+	return b.storeFor(TenantFrom(ctx)).RenewSession(ctx, id)
 }
 
 // DestroySession destroys a session (idempotent), and first its record.
 func (b *Broker) DestroySession(ctx context.Context, id string) error {
-	if rec, err := b.readRecord(ctx, id); err == nil && rec.index != 0 {
-		_, _ = b.store.Txn(ctx, rec.deleteOps())
+	rec, err := b.readRecord(ctx, id)
+	if err != nil {
+		return err
 	}
-	return b.store.DestroySession(ctx, id)
+	if TenantFrom(ctx) != "" && rec.index != 0 && rec.Tenant != TenantFrom(ctx) {
+		return sessionError(ErrSessionNotFound, id)
+	}
+	st := b.storeFor(TenantFrom(ctx))
+	if rec.index != 0 {
+		_, _ = st.Txn(ctx, rec.deleteOps())
+	}
+	return st.DestroySession(ctx, id)
 }
 
 // GetSession describes a session.
 func (b *Broker) GetSession(ctx context.Context, id string) (*SessionInfo, error) {
+	if err := b.checkTenant(ctx, id); err != nil {
+		return nil, err
+	}
 	return b.store.Session(ctx, id)
 }
 
@@ -109,6 +133,12 @@ func newRenewer(store Store, id string, ttl time.Duration, start time.Time) *ren
 		renewed:  make(chan time.Time, 1),
 		failed:   make(chan error, 1),
 	}
+}
+
+// lastRenewal is the send time of the last successful renewal (or of the
+// creation).
+func (r *renewer) lastRenewal() time.Time {
+	return r.safeUntil().Add(-(r.ttl - safetyMargin(r.ttl)))
 }
 
 // safeUntil is when the hold stops being safe without another renewal.
@@ -164,13 +194,15 @@ func (r *renewer) run(ctx context.Context) {
 // SessionSummary is one session the broker made grants for.
 type SessionSummary struct {
 	Info        *SessionInfo
+	Tenant      string
 	BrokerOwned bool
 	Holds       []Sequencer
 }
 
 // ListSessions lists the sessions that have a broker record, with what
-// each holds, read consistently; sessions that ended are left out.
-func (b *Broker) ListSessions(ctx context.Context) ([]SessionSummary, error) {
+// each holds, read consistently; sessions that ended are left out. With a
+// tenant, only that tenant's.
+func (b *Broker) ListSessions(ctx context.Context, tenant string) ([]SessionSummary, error) {
 	entries, _, err := b.store.List(ctx, recordPrefix, true)
 	if err != nil {
 		return nil, err
@@ -188,10 +220,10 @@ func (b *Broker) ListSessions(ctx context.Context) ([]SessionSummary, error) {
 		sid := e.Key[len(recordPrefix):]
 		info, ok := byID[sid]
 		rec := decodeRecord(sid, e)
-		if !ok || !rec.live {
+		if !ok || !rec.live || (tenant != "" && rec.Tenant != tenant) {
 			continue
 		}
-		s := SessionSummary{Info: info, BrokerOwned: rec.Owner != ""}
+		s := SessionSummary{Info: info, Tenant: rec.Tenant, BrokerOwned: rec.Owner != ""}
 		for key := range rec.Holds {
 			s.Holds = append(s.Holds, Sequencer{Key: key, Session: sid, Token: rec.token(key)})
 		}

@@ -15,6 +15,9 @@ func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte
 		if err != nil {
 			return nil, err
 		}
+		if err := rec.allows(TenantFrom(ctx)); err != nil {
+			return nil, err
+		}
 		hd, ok := st.holder(session)
 		if !ok {
 			if _, err := b.store.Session(ctx, session); err != nil {
@@ -68,7 +71,7 @@ func (b *Broker) TryAcquire(ctx context.Context, spec AcquireSpec) (*Sequencer, 
 		return nil, invalid("session_id", "is required")
 	}
 	spec.Wait, spec.WaitForever, spec.NewSession, spec.Resume = 0, false, nil, nil
-	h := b.newHold(spec, func(Event) error { return nil })
+	h := b.newHold(ctx, spec, func(Event) error { return nil })
 	if err := h.openSession(ctx); err != nil {
 		return nil, err
 	}

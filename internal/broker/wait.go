@@ -136,7 +136,7 @@ func (w *waiter) attempt(ctx context.Context, st *State) (*Sequencer, time.Durat
 		return seq, 0, false, nil
 	case errors.Is(err, errNoContender) && w.fresh:
 		if !h.owned {
-			if _, serr := h.b.store.Session(ctx, h.session); isNotFound(serr) {
+			if _, serr := h.st.Session(ctx, h.session); isNotFound(serr) {
 				return nil, 0, false, sessionError(serr, h.session)
 			}
 		}

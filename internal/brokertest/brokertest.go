@@ -39,6 +39,12 @@ type Option func(*options)
 type options struct {
 	waitTime time.Duration
 	server   []server.Option
+	broker   []broker.Option
+}
+
+// WithBrokerOptions passes options to broker.New (session pool, ...).
+func WithBrokerOptions(opts ...broker.Option) Option {
+	return func(o *options) { o.broker = append(o.broker, opts...) }
 }
 
 // WithWaitTime bounds each Consul blocking query (default
@@ -62,7 +68,7 @@ func Start(t testing.TB, agent *consultest.Agent, opts ...Option) *Replica {
 	if err != nil {
 		t.Fatalf("consul store: %v", err)
 	}
-	b := broker.New(store, log)
+	b := broker.New(store, log, o.broker...)
 	srv, err := server.New(b, store, log, o.server...)
 	if err != nil {
 		t.Fatalf("server: %v", err)

@@ -59,7 +59,7 @@ func (s *SessionService) GetSession(ctx context.Context, req *lockbrokerv1.GetSe
 
 // ListSessions implements SessionService.ListSessions.
 func (s *SessionService) ListSessions(ctx context.Context, _ *lockbrokerv1.ListSessionsRequest) (*lockbrokerv1.ListSessionsResponse, error) {
-	list, err := s.broker.ListSessions(ctx)
+	list, err := s.broker.ListSessions(ctx, broker.TenantFrom(ctx))
 	if err != nil {
 		return nil, toStatus(s.log, err)
 	}

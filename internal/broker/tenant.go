@@ -1,0 +1,181 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Tenants. A shared broker serves several tenants: the gRPC layer knows
+// the caller's tenant (from its identity) and puts it in the context; the
+// broker records it in the records of the sessions the caller makes, and
+// treats another tenant's session as one that does not exist. An empty
+// tenant is the single-tenant mode: no checks.
+
+type tenantKey struct{}
+
+// ContextWithTenant returns ctx carrying the caller's tenant.
+func ContextWithTenant(ctx context.Context, tenant string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, tenant)
+}
+
+// TenantFrom returns the caller's tenant ("" in single-tenant mode).
+func TenantFrom(ctx context.Context) string {
+	t, _ := ctx.Value(tenantKey{}).(string)
+	return t
+}
+
+// WithTenantStore gives each tenant's holds a store of their own (a
+// Consul client with the tenant's ACL token): every Consul call a hold
+// makes (its session, grant, release) goes through it, so Consul's ACLs
+// bound what a tenant can do. A nil result means the broker's own store.
+func WithTenantStore(f func(tenant string) Store) Option {
+	return func(o *options) { o.tenantStore = f }
+}
+
+// storeFor is the store of tenant's holds.
+func (b *Broker) storeFor(tenant string) Store {
+	if tenant != "" && b.tenantStore != nil {
+		if s := b.tenantStore(tenant); s != nil {
+			return s
+		}
+	}
+	return b.store
+}
+
+// checkTenant fails with NOT_FOUND unless the caller may use session: in
+// single-tenant mode always; otherwise only when the session's record
+// names the caller's tenant (a session without a record, made outside
+// the broker, belongs to no tenant).
+func (b *Broker) checkTenant(ctx context.Context, session string) error {
+	tenant := TenantFrom(ctx)
+	if tenant == "" {
+		return nil
+	}
+	rec, err := b.readRecord(ctx, session)
+	if err != nil {
+		return err
+	}
+	return rec.allows(tenant)
+}
+
+// allows is checkTenant on a record already read.
+func (r *record) allows(tenant string) error {
+	if tenant == "" || (r.index != 0 && r.Tenant == tenant) {
+		return nil
+	}
+	return sessionError(ErrSessionNotFound, r.session)
+}
+
+// HoldInfo is one hold or waiter, for operators.
+type HoldInfo struct {
+	Tenant  string
+	Key     string
+	Session string
+	Token   uint64
+	Since   time.Time // zero when unknown
+	// Replica owns a broker-owned session ("" for a client-owned one).
+	Replica string
+	Waiting bool
+}
+
+// ListHolds lists every hold the broker granted on keys under prefix (""
+// for all), from the session records (all replicas, read consistently),
+// and this replica's waiters.
+func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, error) {
+	entries, _, err := b.store.List(ctx, recordPrefix, true)
+	if err != nil {
+		return nil, err
+	}
+	var out []HoldInfo
+	for _, e := range entries {
+		rec := decodeRecord(strings.TrimPrefix(e.Key, recordPrefix), e)
+		if !rec.live {
+			continue
+		}
+		for key := range rec.Holds {
+			if strings.HasPrefix(key, prefix) {
+				hi := HoldInfo{Tenant: rec.Tenant, Key: key, Session: rec.session, Token: rec.token(key), Replica: rec.Owner}
+				if ms := rec.Since[key]; ms > 0 {
+					hi.Since = time.UnixMilli(ms)
+				}
+				out = append(out, hi)
+			}
+		}
+	}
+	b.mu.Lock()
+	for h := range b.waiting {
+		if strings.HasPrefix(h.spec.Key, prefix) {
+			out = append(out, HoldInfo{Tenant: h.tenant, Key: h.spec.Key, Session: h.session, Since: h.since, Replica: b.id, Waiting: true})
+		}
+	}
+	b.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Key != out[j].Key {
+			return out[i].Key < out[j].Key
+		}
+		return out[i].Session < out[j].Session
+	})
+	return out, nil
+}
+
+// ForceRelease ends every current hold of key, whoever holds it: the
+// holders' streams report `lost` (released by other). It returns how many
+// holds it ended.
+func (b *Broker) ForceRelease(ctx context.Context, key string) (int, error) {
+	for attempt := range maxWriteAttempts {
+		if attempt > 0 {
+			backoff(ctx, attempt)
+		}
+		st, err := b.readState(ctx, key)
+		if err != nil {
+			return 0, err
+		}
+		if len(st.Holders) == 0 {
+			return 0, nil
+		}
+		ops, err := forceOps(st)
+		if err != nil {
+			return 0, err
+		}
+		if _, err := b.store.Txn(ctx, ops); asTxnError(err) != nil {
+			continue
+		} else if err != nil {
+			return 0, err
+		}
+		return len(st.Holders), nil
+	}
+	return 0, newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing; retry", key)
+}
+
+// forceOps end every hold in st: a lock's holder is unlocked; a
+// semaphore's `.lock` loses every holder (one check-and-set) and their
+// contender entries are deleted.
+func forceOps(st *State) ([]Op, error) {
+	if st.Kind != KindSemaphore {
+		var ops []Op
+		for _, hd := range st.Holders {
+			ops = append(ops, unlockOps(st.Key, hd.Session, hd.Value, false)...)
+		}
+		return ops, nil
+	}
+	body := semBody{Limit: st.sem.Limit, Holders: map[string]bool{}}
+	for sid := range st.sem.Holders {
+		if _, held := st.holder(sid); !held {
+			body.Holders[sid] = true // not a live holder: leave it to its owner
+		}
+	}
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	ops := []Op{{Verb: OpCAS, Key: st.Key + semLockSuffix, Value: raw, Flags: SemaphoreFlagValue, Index: st.semLock.ModifyIndex}}
+	for _, hd := range st.Holders {
+		if c := st.child(hd.Session); c != nil {
+			ops = append(ops, Op{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex})
+		}
+	}
+	return ops, nil
+}
