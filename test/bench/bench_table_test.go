@@ -167,6 +167,7 @@ func TestBenchTable(t *testing.T) {
 	costRow("64 clients: floor", par[64][1])
 	costRow("semaphore: broker", brSem)
 	costRow("semaphore: api.Semaphore", apiSem)
+	costRow("stream-less TryAcquire + Release: broker", e.streamErrs)
 	costRow("loss notice: broker (per sample)", brLoss)
 	out.WriteString("#\n")
 	out.WriteString(cost.String())
@@ -581,39 +582,40 @@ func (e *env) streamless(n int) (try, rel *latencies) {
 	}
 	id := cs.GetSession().GetId()
 	defer func() { _, _ = e.bd.sessions.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: id}) }()
-	e.quiet()
 	var prevToken uint64
-	for i := range n {
-		if e.streamErrs.failed() {
-			break
-		}
-		if i%20 == 0 { // a client-owned session is the client's to renew
-			if _, err := e.bd.sessions.RenewSession(ctx, &lockbrokerv1.RenewSessionRequest{SessionId: id}); err != nil {
-				e.streamErrs.errs.add(err)
+	e.measure(e.streamErrs, true, func() {
+		for i := range n {
+			if e.streamErrs.failed() {
+				return
 			}
+			if i%20 == 0 { // a client-owned session is the client's to renew
+				if _, err := e.bd.sessions.RenewSession(ctx, &lockbrokerv1.RenewSessionRequest{SessionId: id}); err != nil {
+					e.streamErrs.errs.add(err)
+				}
+			}
+			key := "bench/streamless"
+			t0 := time.Now()
+			ta, err := e.bd.locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: key, SessionId: id})
+			if err != nil {
+				e.streamErrs.errs.add(fmt.Errorf("TryAcquire: %w", err))
+				continue
+			}
+			t1 := time.Now()
+			rr, err := e.bd.locks.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: key, SessionId: id, Token: ta.GetSequencer().GetToken()})
+			t2 := time.Now()
+			if err != nil {
+				e.streamErrs.errs.add(fmt.Errorf("release: %w", err))
+				continue
+			}
+			if !rr.GetReleased() {
+				e.streamErrs.errs.add(e.explainNotReleased(key, id, ta.GetSequencer(), prevToken))
+			}
+			prevToken = ta.GetSequencer().GetToken()
+			try.add(t1.Sub(t0))
+			rel.add(t2.Sub(t1))
+			e.streamErrs.n++
 		}
-		key := "bench/streamless"
-		t0 := time.Now()
-		ta, err := e.bd.locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: key, SessionId: id})
-		if err != nil {
-			e.streamErrs.errs.add(fmt.Errorf("TryAcquire: %w", err))
-			continue
-		}
-		t1 := time.Now()
-		rr, err := e.bd.locks.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: key, SessionId: id, Token: ta.GetSequencer().GetToken()})
-		t2 := time.Now()
-		if err != nil {
-			e.streamErrs.errs.add(fmt.Errorf("release: %w", err))
-			continue
-		}
-		if !rr.GetReleased() {
-			e.streamErrs.errs.add(e.explainNotReleased(key, id, ta.GetSequencer(), prevToken))
-		}
-		prevToken = ta.GetSequencer().GetToken()
-		try.add(t1.Sub(t0))
-		rel.add(t2.Sub(t1))
-		e.streamErrs.n++
-	}
+	})
 	return try, rel
 }
 
