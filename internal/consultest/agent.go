@@ -32,6 +32,8 @@ type Agent struct {
 	addr      string
 	logPath   string
 	transport *http.Transport // shared by every Client, closed on Stop
+	scheme    string          // "http", or "https" for an HTTPS-only agent
+	token     string          // the management token of an agent with ACLs
 
 	mu       sync.Mutex
 	proc     *Process // current incarnation; replaced by Restart
@@ -57,7 +59,10 @@ func Start(t testing.TB, opts ...Option) *Agent {
 		cfg.Binary = bin
 	}
 	dir := t.TempDir()
-	a := &Agent{t: t, logPath: filepath.Join(dir, "consul.log"), transport: newTransport()}
+	a := &Agent{t: t, logPath: filepath.Join(dir, "consul.log"), transport: newTransport(), scheme: "http", token: cfg.Token}
+	if cfg.HTTPS != nil {
+		a.transport, a.scheme = cfg.HTTPS.transport(), "https"
+	}
 	log, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatalf("consultest: agent log: %v", err)
@@ -102,9 +107,11 @@ func (a *Agent) HTTPAddr() string { return a.addr }
 // Config returns a new client configuration for the agent. Its address,
 // scheme and transport are fixed, so CONSUL_HTTP_ADDR, CONSUL_HTTP_SSL,
 // CONSUL_CACERT and the like cannot redirect it (api.NewClient still applies
-// CONSUL_HTTP_TOKEN, which a dev agent without ACLs ignores).
+// CONSUL_HTTP_TOKEN, which a dev agent without ACLs ignores). An HTTPS-only
+// agent's configuration speaks HTTPS and trusts its CA. It carries no
+// token; see ManagementConfig for an agent with ACLs.
 func (a *Agent) Config() *api.Config {
-	return &api.Config{Address: a.addr, Scheme: "http", Transport: a.transport}
+	return &api.Config{Address: a.addr, Scheme: a.scheme, Transport: a.transport}
 }
 
 // Client returns a new API client for the agent; it keeps working (against

@@ -45,6 +45,10 @@ type ProcessConfig struct {
 	// fragment that enables ACLs and makes it the initial management token)
 	// to run an agent whose default policy is deny; "" sends no token.
 	Token string
+	// HTTPS, when set, makes the agent serve its API over HTTPS only, on
+	// the HTTP port (plain HTTP is off), with these files; the readiness
+	// probe verifies the agent against HTTPS.CAFile.
+	HTTPS *HTTPS
 }
 
 // Process is a running `consul agent -dev` child process.
@@ -128,6 +132,9 @@ func launch(ctx context.Context, cfg ProcessConfig, pp ports, node string) (*Pro
 		out = io.MultiWriter(cfg.LogWriter, p.tail)
 	}
 	args := []string{"agent", "-dev", "-node=" + node, "-data-dir=" + p.dataDir, "-hcl=" + baseHCL(pp)}
+	if cfg.HTTPS != nil {
+		args = append(args, "-hcl="+cfg.HTTPS.hcl(pp.HTTP))
+	}
 	for _, h := range cfg.HCL {
 		args = append(args, "-hcl="+h)
 	}
@@ -142,7 +149,7 @@ func launch(ctx context.Context, cfg ProcessConfig, pp ports, node string) (*Pro
 
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	if err := waitReady(ctx, p.HTTPAddr(), "127.0.0.1:"+strconv.Itoa(pp.Server), cfg.Token, p.done); err != nil {
+	if err := waitReady(ctx, p.HTTPAddr(), "127.0.0.1:"+strconv.Itoa(pp.Server), cfg.Token, cfg.HTTPS, p.done); err != nil {
 		stopErr := p.Stop()
 		if p.tail.contains("address already in use") {
 			err = fmt.Errorf("%w: %w", errBind, err)

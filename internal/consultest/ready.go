@@ -19,8 +19,8 @@ const readyKey = "_consultest/ready"
 // server RPC address is leader) as leader and a KV write (with token, if not
 // "") succeeds, the agent exits (exited is closed), or ctx is done. Checking
 // the leader's address guards against probing some other agent that took our
-// HTTP port.
-func waitReady(ctx context.Context, addr, leader, token string, exited <-chan struct{}) error {
+// HTTP port. With https the probe speaks HTTPS.
+func waitReady(ctx context.Context, addr, leader, token string, https *HTTPS, exited <-chan struct{}) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { // abort an in-flight probe as soon as the agent dies
@@ -30,9 +30,12 @@ func waitReady(ctx context.Context, addr, leader, token string, exited <-chan st
 		case <-ctx.Done():
 		}
 	}()
-	tr := newTransport()
+	tr, scheme := newTransport(), "http"
+	if https != nil {
+		tr, scheme = https.transport(), "https"
+	}
 	defer tr.CloseIdleConnections()
-	c, err := api.NewClient(&api.Config{Address: addr, Scheme: "http", Transport: tr, Token: token})
+	c, err := api.NewClient(&api.Config{Address: addr, Scheme: scheme, Transport: tr, Token: token})
 	if err != nil {
 		return err
 	}
