@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -27,6 +28,7 @@ import (
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/broker"
+	"github.com/lockbroker/lockbroker/internal/tenant"
 )
 
 // Consul is what the server reads about Consul for health and metrics.
@@ -46,6 +48,7 @@ type Server struct {
 	Metrics *prometheus.Registry
 	consul  Consul
 	log     *zap.Logger
+	access  *access
 
 	mu       sync.Mutex
 	healthy  bool
@@ -70,6 +73,24 @@ type Option func(*options)
 
 type options struct {
 	keepaliveTime, keepaliveTimeout time.Duration
+	tenants                         *tenant.Config
+	creds                           credentials.TransportCredentials
+}
+
+// WithTenants makes the broker a shared service: every LockService,
+// SessionService and AdminService call needs an identity the tenants
+// file knows (UNAUTHENTICATED otherwise), a tenant's calls are limited to
+// its prefixes and quotas, and AdminService to the admins. Without it the
+// broker is single-tenant: every caller may do everything. SetTenants
+// replaces the file later.
+func WithTenants(cfg *tenant.Config) Option {
+	return func(o *options) { o.tenants = cfg }
+}
+
+// WithTransportCredentials serves gRPC over creds (TLS, mTLS) instead of
+// plaintext.
+func WithTransportCredentials(creds credentials.TransportCredentials) Option {
+	return func(o *options) { o.creds = creds }
 }
 
 // WithKeepalive sets the server keepalive: ping a client after idle with
@@ -83,9 +104,10 @@ func WithKeepalive(idle, timeout time.Duration) Option {
 
 // New wires the gRPC server: metrics, access logging (finished calls at
 // debug when OK, otherwise at info and above), recovery (INTERNAL, panic
-// logged) and validation (INVALID_ARGUMENT with details) interceptors,
-// server keepalive and its enforcement policy, both services, health and
-// reflection.
+// logged), access (identity, tenant prefixes, quotas, audit log; see
+// WithTenants) and validation (INVALID_ARGUMENT with details)
+// interceptors, server keepalive and its enforcement policy, the three
+// services, health and reflection.
 func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Server, error) {
 	o := options{keepaliveTime: DefaultKeepaliveTime, keepaliveTimeout: DefaultKeepaliveTimeout}
 	for _, opt := range opts {
@@ -112,7 +134,16 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	})
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(accessLevel)}
 	val := &validation{validator: validator, codec: newRequestCodec()}
-	g := grpc.NewServer(
+	acc := &access{
+		audit: log.Named(AuditLoggerName),
+		drop:  val.codec.forget,
+	}
+	acc.quotas = newQuotas(func(ctx context.Context, t string) (int, error) {
+		return clientOwnedSessions(ctx, b, t)
+	}, func(err error) error { return toStatus(log, err) })
+	acc.cfg.Store(o.tenants)
+	reg.MustRegister(newTenantCollector(acc))
+	serverOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(val.codec),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.keepaliveTime, Timeout: o.keepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinClientInterval, PermitWithoutStream: true}),
@@ -120,22 +151,29 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 			srvMetrics.UnaryServerInterceptor(),
 			logging.UnaryServerInterceptor(zapLogger(log), logOpts...),
 			recovery.UnaryServerInterceptor(recoverOpt),
-			val.unary, // last: it must see every request the codec decoded
+			acc.unary, // who calls, for which tenant, may it, quotas (forgets a refused request's decode error)
+			val.unary, // it must see every request the codec decoded and access let in
 		),
 		grpc.ChainStreamInterceptor(
 			srvMetrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(zapLogger(log), logOpts...),
 			recovery.StreamServerInterceptor(recoverOpt),
+			acc.stream,
 			val.stream,
 		),
-	)
+	}
+	if o.creds != nil {
+		serverOpts = append(serverOpts, grpc.Creds(o.creds))
+	}
+	g := grpc.NewServer(serverOpts...)
 	lockbrokerv1.RegisterLockServiceServer(g, NewLockService(b, log))
 	lockbrokerv1.RegisterSessionServiceServer(g, NewSessionService(b, log))
+	lockbrokerv1.RegisterAdminServiceServer(g, NewAdminService(b, log))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
 	reflection.Register(g)
 	srvMetrics.InitializeMetrics(g)
-	s := &Server{GRPC: g, Health: hs, Metrics: reg, consul: consul, log: log}
+	s := &Server{GRPC: g, Health: hs, Metrics: reg, consul: consul, log: log, access: acc}
 	s.setServing(false)
 	return s, nil
 }
@@ -159,7 +197,8 @@ func accessLevel(c codes.Code) logging.Level {
 }
 
 // services are the names health reports on ("" is the whole server).
-var services = []string{"", lockbrokerv1.LockService_ServiceDesc.ServiceName, lockbrokerv1.SessionService_ServiceDesc.ServiceName}
+var services = []string{"", lockbrokerv1.LockService_ServiceDesc.ServiceName, lockbrokerv1.SessionService_ServiceDesc.ServiceName,
+	lockbrokerv1.AdminService_ServiceDesc.ServiceName}
 
 func (s *Server) setServing(ok bool) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING

@@ -1,0 +1,271 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/broker"
+	"github.com/lockbroker/lockbroker/internal/tenant"
+)
+
+// access enforces the shared-service rules in front of every handler:
+// who the caller is (client certificate or bearer token), which tenant it
+// acts for, which keys it may name, its quotas; and it writes the audit
+// log. Without a tenants file the broker is single-tenant: every call is
+// let in (AdminService too) and only admin calls are audited.
+//
+// Health and reflection are never checked: they stay reachable without an
+// identity.
+type access struct {
+	cfg    atomic.Pointer[tenant.Config] // nil: single-tenant
+	quotas *quotas
+	audit  *zap.Logger
+	// drop forgets what the request codec kept for a request that is
+	// refused before the validation interceptor saw it.
+	drop func(req any)
+}
+
+// exempt methods need no identity.
+func exempt(method string) bool {
+	return strings.HasPrefix(method, "/grpc.health.v1.Health/") ||
+		strings.HasPrefix(method, "/grpc.reflection.v1.ServerReflection/") ||
+		strings.HasPrefix(method, "/grpc.reflection.v1alpha.ServerReflection/")
+}
+
+var (
+	lockServicePrefix    = "/" + lockbrokerv1.LockService_ServiceDesc.ServiceName + "/"
+	adminServicePrefix   = "/" + lockbrokerv1.AdminService_ServiceDesc.ServiceName + "/"
+	methodAcquire        = lockbrokerv1.LockService_Acquire_FullMethodName
+	methodTryAcquire     = lockbrokerv1.LockService_TryAcquire_FullMethodName
+	methodCreateSession  = lockbrokerv1.SessionService_CreateSession_FullMethodName
+	authorizationHeader  = "authorization"
+	bearerScheme         = "bearer "
+	maxAuthorizationSize = 4096
+)
+
+// call is one call as access sees it.
+type call struct {
+	method string
+	peer   string
+	caller tenant.Caller
+	named  named
+	// release gives back what admission took (a max_holds slot).
+	release func()
+	// track follows an Acquire stream's events for the per-tenant gauges.
+	track *holdTracker
+}
+
+func (a *access) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if exempt(info.FullMethod) {
+		return handler(ctx, req)
+	}
+	c := newCall(ctx, info.FullMethod)
+	c.named = namedBy(req)
+	ctx, err := a.admitCall(ctx, c)
+	if err == nil {
+		err = a.admitRequest(ctx, c)
+	}
+	if err != nil {
+		a.drop(req)
+		a.finish(c, err)
+		return nil, err
+	}
+	resp, err := handler(ctx, req)
+	if err == nil && info.FullMethod == methodTryAcquire {
+		a.quotas.granted(c.caller.Tenant)
+	}
+	c.done()
+	a.finish(c, err)
+	return resp, err
+}
+
+func (a *access) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if exempt(info.FullMethod) {
+		return handler(srv, ss)
+	}
+	c := newCall(ss.Context(), info.FullMethod)
+	ctx, err := a.admitCall(ss.Context(), c)
+	if err == nil {
+		err = handler(srv, &guardedStream{ServerStream: ss, ctx: ctx, a: a, c: c})
+	}
+	c.done()
+	a.finish(c, err)
+	return err
+}
+
+func newCall(ctx context.Context, method string) *call {
+	c := &call{method: method}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		c.peer = p.Addr.String()
+	}
+	return c
+}
+
+// done gives back what the call took.
+func (c *call) done() {
+	if c.release != nil {
+		c.release()
+		c.release = nil
+	}
+	if c.track != nil {
+		c.track.end()
+	}
+}
+
+// guardedStream checks the request when the handler receives it, and
+// hands the broker the tenant through its context.
+type guardedStream struct {
+	grpc.ServerStream
+	ctx      context.Context
+	a        *access
+	c        *call
+	received bool
+}
+
+func (s *guardedStream) Context() context.Context { return s.ctx }
+
+func (s *guardedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if s.received {
+		return nil
+	}
+	s.received = true
+	s.c.named = namedBy(m)
+	if err := s.a.admitRequest(s.ctx, s.c); err != nil {
+		s.a.drop(m)
+		return err
+	}
+	return nil
+}
+
+func (s *guardedStream) SendMsg(m any) error {
+	err := s.ServerStream.SendMsg(m)
+	if r, ok := m.(*lockbrokerv1.AcquireResponse); ok && err == nil && s.c.track != nil {
+		s.c.track.event(r)
+	}
+	return err
+}
+
+// admitCall identifies the caller and checks that it may call the
+// method at all; the returned context carries its tenant for the broker.
+func (a *access) admitCall(ctx context.Context, c *call) (context.Context, error) {
+	cfg := a.cfg.Load()
+	if cfg == nil {
+		return ctx, nil // single-tenant
+	}
+	caller, err := identify(ctx, cfg)
+	c.caller = caller
+	if err != nil {
+		return ctx, err
+	}
+	if strings.HasPrefix(c.method, adminServicePrefix) {
+		if !caller.Admin {
+			return ctx, permissionDenied("%s: only admins may call AdminService", caller.Identity)
+		}
+		return ctx, nil
+	}
+	if caller.Tenant == nil {
+		return ctx, permissionDenied("%s belongs to no tenant", caller.Identity)
+	}
+	return broker.ContextWithTenant(ctx, caller.Tenant.Name), nil
+}
+
+// admitRequest checks what the request names against the caller's
+// prefixes, before any Consul call, then the tenant's quotas.
+func (a *access) admitRequest(ctx context.Context, c *call) error {
+	t := c.caller.Tenant
+	if t == nil || strings.HasPrefix(c.method, adminServicePrefix) {
+		return nil // single-tenant, or an admin
+	}
+	if !c.named.covered && strings.HasPrefix(c.method, lockServicePrefix) {
+		return permissionDenied("%s: %s is not open to tenants", c.caller.Identity, c.method)
+	}
+	for i, k := range c.named.keys {
+		if !t.Allows(k) {
+			c.named.keys[0], c.named.keys[i] = k, c.named.keys[0] // the audit log names the refused key
+			return permissionDenied("key %q is outside the prefixes of tenant %q", k, t.Name).withKey(k)
+		}
+	}
+	switch c.method {
+	case methodAcquire:
+		if err := a.quotas.takeRate(t); err != nil {
+			return err
+		}
+		release, err := a.quotas.takeHold(t)
+		if err != nil {
+			return err
+		}
+		c.release, c.track = release, a.quotas.tracker(t)
+	case methodTryAcquire:
+		return a.quotas.takeRate(t)
+	case methodCreateSession:
+		release, err := a.quotas.takeSession(ctx, t)
+		if err != nil {
+			return err
+		}
+		c.release = release
+	}
+	return nil
+}
+
+// identify finds the caller: a bearer token when one is sent (an unknown
+// one is refused, never passed over for the certificate), else the
+// verified client certificate.
+func identify(ctx context.Context, cfg *tenant.Config) (tenant.Caller, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if vals := md.Get(authorizationHeader); len(vals) > 0 {
+		if len(vals) > 1 {
+			return tenant.Caller{}, unauthenticated("more than one authorization header")
+		}
+		v := vals[0]
+		if len(v) > maxAuthorizationSize || len(v) <= len(bearerScheme) || !strings.EqualFold(v[:len(bearerScheme)], bearerScheme) {
+			return tenant.Caller{}, unauthenticated(`authorization must be "Bearer <token>"`)
+		}
+		caller, ok := cfg.MatchToken(strings.TrimSpace(v[len(bearerScheme):]))
+		if !ok {
+			return caller, unauthenticated("bearer token not recognised")
+		}
+		return caller, nil
+	}
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.VerifiedChains) > 0 && len(info.State.VerifiedChains[0]) > 0 {
+			if c := cfg.MatchCert(tenant.CertIdentities(info.State.VerifiedChains[0][0])); c.Identity != "" {
+				return c, nil
+			}
+		}
+	}
+	return tenant.Caller{}, unauthenticated("no identity: send a verified client certificate or an authorization: Bearer token")
+}
+
+// finish counts and audits the call's outcome.
+func (a *access) finish(c *call, err error) {
+	code := status.Code(err)
+	if code == codes.PermissionDenied {
+		a.quotas.denied(c.caller.Tenant)
+	}
+	if strings.HasPrefix(c.method, adminServicePrefix) || code == codes.PermissionDenied ||
+		code == codes.ResourceExhausted || code == codes.Unauthenticated {
+		a.record(c, err)
+	}
+}
+
+// forget drops the decode error the codec kept for req, if any: for a
+// request refused before the validation interceptor saw it.
+func (c *requestCodec) forget(req any) {
+	if msg, ok := req.(proto.Message); ok {
+		_ = c.takeError(msg)
+	}
+}
