@@ -270,9 +270,18 @@ func TestAccessSessionsBelongToTenant(t *testing.T) {
 
 	bs, bl := lockbrokerv1.NewSessionServiceClient(b), lockbrokerv1.NewLockServiceClient(b)
 	tests := map[string]func() error{
-		"RenewSession":   func() error { _, err := bs.RenewSession(ctx, &lockbrokerv1.RenewSessionRequest{SessionId: sid}); return err },
-		"GetSession":     func() error { _, err := bs.GetSession(ctx, &lockbrokerv1.GetSessionRequest{SessionId: sid}); return err },
-		"DestroySession": func() error { _, err := bs.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: sid}); return err },
+		"RenewSession": func() error {
+			_, err := bs.RenewSession(ctx, &lockbrokerv1.RenewSessionRequest{SessionId: sid})
+			return err
+		},
+		"GetSession": func() error {
+			_, err := bs.GetSession(ctx, &lockbrokerv1.GetSessionRequest{SessionId: sid})
+			return err
+		},
+		"DestroySession": func() error {
+			_, err := bs.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: sid})
+			return err
+		},
 		"Release": func() error {
 			_, err := bl.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: "b/x", SessionId: sid})
 			return err
