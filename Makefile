@@ -10,7 +10,7 @@ BUF := npx --no-install buf
 PYTHON := /usr/bin/python3
 DEB_PACKAGES := protobuf-compiler protobuf-compiler-grpc python3-grpcio python3-protobuf python3-pytest
 
-.PHONY: all run test test-go test-race test-java test-python test-node lint generate check-generate breaking \
+.PHONY: all run test test-go test-race test-clients test-java test-python test-node lint generate check-generate breaking \
 	consul broker lockctl deps deps-npm deps-deb deps-node bench chaos clean
 
 all: broker lockctl
@@ -57,6 +57,8 @@ deps-node: test/node/node_modules/.package-lock.json
 
 generate: deps-npm deps-deb
 	$(BUF) generate
+	$(PYTHON) client/python/tools/sync_gen.py
+	node client/node/tools/sync-gen.mjs
 
 # Fails when gen/ differs from what buf generates.
 check-generate: generate
@@ -76,7 +78,7 @@ lint: deps-npm
 
 ## Tests ------------------------------------------------------------------
 
-test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-java
+test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-clients test-java
 
 test-go: consul
 	$(GO) test -count=1 -timeout 25m ./...
@@ -85,6 +87,14 @@ test-go: consul
 # tests scale down when it is on).
 test-race: consul
 	$(GO) test -race -count=1 -timeout 25m ./internal/broker/ ./test/e2e/
+
+# The Python and Node client libraries and the conformance scenarios
+# (test/conformance/scenarios.md) against real broker processes.
+client/node/node_modules/.package-lock.json: client/node/package.json client/node/package-lock.json
+	npm ci --prefix client/node --no-audit --no-fund --loglevel=error
+test-clients: consul broker deps-deb client/node/node_modules/.package-lock.json
+	LOCKBROKER_BIN=$(CURDIR)/bin/broker $(PYTHON) -m pytest -q client/python/tests test/conformance/python
+	LOCKBROKER_BIN=$(CURDIR)/bin/broker node --test client/node/test/ test/conformance/node/
 
 # The Java client (client/java: Debian's OpenJDK and jars, installed on
 # first use).
@@ -109,7 +119,7 @@ run: consul broker
 	bin/broker --dev
 
 clean:
-	rm -rf bin node_modules test/node/node_modules
+	rm -rf bin node_modules test/node/node_modules client/node/node_modules
 	$(MAKE) -C client/java clean
 
 ## Chaos suite and fuzzing (test/chaos/README.md) --------------------------

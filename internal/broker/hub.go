@@ -85,6 +85,7 @@ type keyWatch struct {
 	stale   bool // swept: re-list at the next sweep
 	subs    map[*sub]struct{}
 	delays  map[string]time.Duration // lock-delay of holder sessions
+	arrived uint64                   // waiters so far (their order)
 }
 
 // sub is one subscriber of a key. It keeps only a wake-up signal and a
@@ -98,6 +99,10 @@ type sub struct {
 	seen      uint64      // publications so far
 	read      uint64      // publications up to the last read
 	closeOnce sync.Once
+	// waiting and order place the subscriber in the key's local queue of
+	// waiters (see rank).
+	waiting bool
+	order   uint64
 }
 
 // fingerprint summarises a key's entries to tell whether they changed.
@@ -142,10 +147,60 @@ func (h *hub) kickLocked() {
 // sweeper; an idle dedicated one when its query returns.
 func (s *sub) close() {
 	s.closeOnce.Do(func() {
+		s.setWaiting(false, true)
 		s.kw.mu.Lock()
 		delete(s.kw.subs, s)
 		s.kw.mu.Unlock()
 	})
+}
+
+// Hand-off without a stampede: the waiters of a key on this replica form
+// a queue in arrival order, and on a change only as many of them as there
+// are free slots make an attempt (rank < free); the others stay asleep
+// without a Consul call. When a waiter leaves the queue (granted, gave
+// up), the others are woken so the next one tries.
+
+// setWaiting puts the subscriber in the key's queue of waiters, or takes
+// it out; with wake, the others are woken (a waiter that gave up: the next
+// may try; one that got the grant need not, its grant wakes them).
+func (s *sub) setWaiting(waiting, wake bool) {
+	kw := s.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if s.waiting == waiting {
+		return
+	}
+	s.waiting = waiting
+	if waiting {
+		kw.arrived++
+		s.order = kw.arrived
+		return
+	}
+	if !wake {
+		return
+	}
+	for o := range kw.subs {
+		if o.waiting {
+			select {
+			case o.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// rank is the subscriber's place in the key's queue of waiters (0: first).
+func (s *sub) rank() int {
+	kw := s.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	n := 0
+	for o := range kw.subs {
+		if o.waiting && o.order < s.order {
+			n++
+		}
+	}
+	return n
 }
 
 // want asks for a wake-up once the listing reaches index, even if the

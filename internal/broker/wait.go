@@ -47,10 +47,14 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 	if err != nil {
 		return nil, err
 	}
+	h.sub.setWaiting(true, false)
+	granted := false
+	defer func() { h.sub.setWaiting(false, !granted) }()
 	w := &waiter{h: h, delays: map[string]time.Duration{}, fresh: h.sem}
 	for {
 		seq, delayLeft, raced, err := w.attempt(ctx, st)
 		if seq != nil || err != nil {
+			granted = seq != nil
 			return seq, err
 		}
 		if raced || st == nil {
@@ -124,6 +128,18 @@ func (h *hold) first(ctx context.Context) (*State, error) {
 // the attempt (after a short backoff); or a final error.
 func (w *waiter) attempt(ctx context.Context, st *State) (*Sequencer, time.Duration, bool, error) {
 	h := w.h
+	if st != nil {
+		if err := h.conflict(st); err != nil {
+			return nil, 0, false, err
+		}
+	}
+	if st != nil && !h.turn(st) {
+		// Older waiters of this replica go first: no Consul call.
+		if h.tryOnce() {
+			return nil, 0, false, holdersError(ErrBusy, ReasonLockHeld, st)
+		}
+		return nil, 0, false, nil
+	}
 	var seq *Sequencer
 	var err error
 	if h.sem {
@@ -205,4 +221,26 @@ func (w *waiter) report(ctx context.Context, st *State, delayLeft time.Duration)
 	w.queued = st
 	h.b.fillTokens(ctx, st)
 	return h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: h.session})
+}
+
+// turn says whether this waiter may attempt on st: there is a free slot
+// for it among the older waiters of this replica. A request that already
+// holds the key (a client-owned session asking again) always may.
+func (h *hold) turn(st *State) bool {
+	if _, ok := st.holder(h.session); ok {
+		return true
+	}
+	free := 1 - len(st.Holders)
+	if h.sem {
+		free = int(h.limit) - len(st.Holders)
+	}
+	return h.sub.rank() < free
+}
+
+// conflict says why st cannot be held the way this request asks.
+func (h *hold) conflict(st *State) error {
+	if h.sem {
+		return semaphoreConflict(st, h.limit)
+	}
+	return lockConflict(st)
 }
