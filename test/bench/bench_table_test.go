@@ -151,9 +151,10 @@ func TestBenchTable(t *testing.T) {
 
 	// Costs per cycle, by row and implementation.
 	var cost textTable
-	cost.add("cost per cycle", "cycles", "Consul calls", "calls by kind", "CPU s/1k (process)", "CPU s/1k (agent)", "allocs")
+	cost.add("cost per cycle", "cycles", "p50 ms", "p99 ms", "Consul calls", "calls by kind", "CPU s/1k (process)", "CPU s/1k (agent)", "allocs")
 	costRow := func(name string, r *run) {
-		cost.add(name, strconv.Itoa(r.n), fmt.Sprintf("%.2f", r.perCycle(float64(sumCounts(r.calls)))), perCycle(r.calls, r.n),
+		cost.add(name, strconv.Itoa(r.n), fmtMs(r.lat.p50()), fmtMs(r.lat.p99()),
+			fmt.Sprintf("%.2f", r.perCycle(float64(sumCounts(r.calls)))), perCycle(r.calls, r.n),
 			fmt.Sprintf("%.3f", r.perCycle(r.cpu.Seconds())*1000), fmt.Sprintf("%.3f", r.perCycle(r.consulCPU.Seconds())*1000),
 			fmt.Sprintf("%.0f", r.perCycle(float64(r.allocs))))
 	}
@@ -162,6 +163,9 @@ func TestBenchTable(t *testing.T) {
 	costRow("uncontended: floor", flUnc)
 	costRow("hand-off: broker", brHo)
 	costRow("hand-off: api.Lock", apiHo)
+	costRow("16 clients: broker", par[16][2])
+	costRow("16 clients: api.Lock", par[16][0])
+	costRow("16 clients: floor", par[16][1])
 	costRow("64 clients: broker", par[64][2])
 	costRow("64 clients: api.Lock", par[64][0])
 	costRow("64 clients: floor", par[64][1])
@@ -613,6 +617,7 @@ func (e *env) streamless(n int) (try, rel *latencies) {
 			prevToken = ta.GetSequencer().GetToken()
 			try.add(t1.Sub(t0))
 			rel.add(t2.Sub(t1))
+			e.streamErrs.lat.add(t2.Sub(t0))
 			e.streamErrs.n++
 		}
 	})
