@@ -90,6 +90,7 @@ type secure struct {
 	srv   *Server
 	addr  string
 	logs  *observer.ObservedLogs
+	tls   *TLS
 }
 
 // startSecure starts the broker with tenants (nil: single-tenant); mTLS
@@ -124,7 +125,7 @@ func startSecure(t *testing.T, p *pki, agent *consultest.Agent, cfg *tenant.Conf
 		<-served
 		store.Close()
 	})
-	return &secure{pki: p, agent: agent, store: store, b: b, srv: srv, addr: lis.Addr().String(), logs: logs}
+	return &secure{pki: p, agent: agent, store: store, b: b, srv: srv, addr: lis.Addr().String(), logs: logs, tls: tlsCfg}
 }
 
 // dial connects with a client certificate (nil: none) and a bearer token
