@@ -50,6 +50,10 @@ type config struct {
 	keepaliveTime      time.Duration
 	keepaliveTimeout   time.Duration
 	consul             consulstore.Options
+	// Shared service (see security.go).
+	tlsCert, tlsKey, tlsClientCA string
+	tenantsFile                  string
+	tenantConsulMaxConns         int
 }
 
 // Bounds of the keepalive flags: the promise that a vanished client's hold
@@ -85,8 +89,13 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.consul.MaxConns, "consul-max-conns", consulstore.DefaultMaxConns, "at most this many Consul connections for everything else (renewals, lock writes, reads), so watches never starve them; keep both caps together under half of Consul's http_max_conns_per_client (200) for two replicas per host")
 	fs.DurationVar(&c.keepaliveTime, "keepalive-time", server.DefaultKeepaliveTime, "ping a client after this long without hearing from it (1s to 10s)")
 	fs.DurationVar(&c.keepaliveTimeout, "keepalive-timeout", server.DefaultKeepaliveTimeout, "close a client's connection, and end its holds, when a ping is not answered within this (1s to 5s)")
+	fs.StringVar(&c.tlsCert, "tls-cert", env("LOCKBROKER_TLS_CERT", ""), "serve gRPC over TLS with this certificate chain (PEM; with --tls-key; reloaded on SIGHUP) (env LOCKBROKER_TLS_CERT)")
+	fs.StringVar(&c.tlsKey, "tls-key", env("LOCKBROKER_TLS_KEY", ""), "the private key of --tls-cert (PEM) (env LOCKBROKER_TLS_KEY)")
+	fs.StringVar(&c.tlsClientCA, "tls-client-ca", env("LOCKBROKER_TLS_CLIENT_CA", ""), "require client certificates signed by these CAs (PEM; mTLS): a connection without one fails its handshake; a caller is then cn:<Common Name> or uri:<URI SAN> (env LOCKBROKER_TLS_CLIENT_CA)")
+	fs.StringVar(&c.tenantsFile, "tenants", env("LOCKBROKER_TENANTS", ""), "tenants file (YAML: identities, key prefixes, quotas, Consul tokens, admins; reloaded on SIGHUP); without it the broker is single-tenant and lets every caller use every key (env LOCKBROKER_TENANTS)")
+	fs.IntVar(&c.tenantConsulMaxConns, "tenant-consul-max-conns", 8, "at most this many Consul connections per tenant with its own consul_token_file (its sessions, renewals and lock writes)")
 	fs.Usage = func() {
-		fmt.Fprintf(out, "usage: broker [flags]\n\nConsul is configured by CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_CACERT and the other\nstandard Consul variables, unless --dev starts a local dev agent.\n\nflags:\n")
+		fmt.Fprintf(out, "usage: broker [flags]\n\nConsul is configured by CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_CACERT and the other\nstandard Consul variables, unless --dev starts a local dev agent.\n\nSIGHUP reloads --tls-cert, --tls-key, --tls-client-ca and --tenants without dropping\nconnections, streams or holds; a file that fails to load leaves what is in force.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -111,6 +120,12 @@ func (c *config) validate() error {
 		return fmt.Errorf("--keepalive-time must be between %v and %v (a vanished client's hold is released within 20s), got %v", minKeepalive, maxKeepaliveTime, c.keepaliveTime)
 	case c.keepaliveTimeout < minKeepalive || c.keepaliveTimeout > maxKeepaliveTimeout:
 		return fmt.Errorf("--keepalive-timeout must be between %v and %v (a vanished client's hold is released within 20s), got %v", minKeepalive, maxKeepaliveTimeout, c.keepaliveTimeout)
+	case (c.tlsCert == "") != (c.tlsKey == ""):
+		return errors.New("--tls-cert and --tls-key go together")
+	case c.tlsClientCA != "" && c.tlsCert == "":
+		return errors.New("--tls-client-ca needs --tls-cert and --tls-key (the broker must serve TLS to ask for client certificates)")
+	case c.tenantConsulMaxConns <= 0:
+		return fmt.Errorf("--tenant-consul-max-conns must be positive, got %d", c.tenantConsulMaxConns)
 	}
 	return nil
 }
@@ -168,11 +183,22 @@ func run(args []string, stderr io.Writer) error {
 
 	// The hub keeps its dedicated watches within the store's blocking budget;
 	// the session pool takes session creation off the critical path.
-	b := broker.New(store, log, broker.WithMaxBlocking(c.consul.MaxBlocking), broker.WithSessionPool())
-	srv, err := server.New(b, store, log, server.WithKeepalive(c.keepaliveTime, c.keepaliveTimeout))
+	sec, err := newSecurity(c, consulCfg, log)
 	if err != nil {
 		return err
 	}
+	defer sec.stores.close()
+	b := broker.New(store, log, append([]broker.Option{broker.WithMaxBlocking(c.consul.MaxBlocking), broker.WithSessionPool()},
+		sec.brokerOptions()...)...)
+	srv, err := server.New(b, store, log, append(sec.serverOptions(), server.WithKeepalive(c.keepaliveTime, c.keepaliveTimeout))...)
+	if err != nil {
+		return err
+	}
+	sec.srv = srv
+	sec.warn(c.listen)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 
 	lis, err := net.Listen("tcp", c.listen)
 	if err != nil {
@@ -192,18 +218,26 @@ func run(args []string, stderr io.Writer) error {
 	go func() { grpcDone <- srv.GRPC.Serve(lis) }()
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- httpSrv.Serve(hlis) }()
-	log.Info("lockbroker serving", zap.String("grpc", lis.Addr().String()), zap.String("http", hlis.Addr().String()))
+	log.Info("lockbroker serving", zap.String("grpc", lis.Addr().String()), zap.String("http", hlis.Addr().String()),
+		zap.Bool("tls", sec.tls != nil), zap.Bool("mtls", sec.tls != nil && sec.tls.MutualTLS()), zap.Bool("tenants", sec.tenants != nil))
 
 	var runErr error
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down")
-	case err := <-agentDone:
-		runErr = fmt.Errorf("consul dev agent exited: %v", err)
-	case err := <-grpcDone:
-		runErr = fmt.Errorf("grpc server: %w", err)
-	case err := <-httpDone:
-		runErr = fmt.Errorf("http server: %w", err)
+wait:
+	for {
+		select {
+		case <-hup:
+			sec.reload()
+			continue
+		case <-ctx.Done():
+			log.Info("shutting down")
+		case err := <-agentDone:
+			runErr = fmt.Errorf("consul dev agent exited: %v", err)
+		case err := <-grpcDone:
+			runErr = fmt.Errorf("grpc server: %w", err)
+		case err := <-httpDone:
+			runErr = fmt.Errorf("http server: %w", err)
+		}
+		break wait
 	}
 
 	stop() // a second SIGINT/SIGTERM kills the process at once
