@@ -200,15 +200,3 @@ func subStates(prefix string, entries []*Entry, index uint64) map[string]*State 
 	}
 	return out
 }
-
-// filterUnder keeps the entries at key or under key/ (a listing of prefix
-// key also returns siblings such as key2).
-func filterUnder(key string, entries []*Entry) []*Entry {
-	out := entries[:0:0]
-	for _, e := range entries {
-		if e.Key == key || (len(e.Key) > len(key) && strings.HasPrefix(e.Key, key) && e.Key[len(key)] == '/') {
-			out = append(out, e)
-		}
-	}
-	return out
-}

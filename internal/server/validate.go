@@ -141,10 +141,3 @@ func (c *requestCodec) takeError(msg proto.Message) error {
 	}
 	return err
 }
-
-// pending is how many decode errors wait for the interceptor (tests).
-func (c *requestCodec) pending() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.failed)
-}

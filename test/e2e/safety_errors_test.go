@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -105,15 +104,4 @@ func TestDeadSessionAndForeignLockEndAtOnce(t *testing.T) {
 			})
 		}
 	})
-}
-
-// semBodyOf reads a semaphore's .lock holders.
-func semBodyOf(t testing.TB, kv *api.KV, prefix string) map[string]bool {
-	t.Helper()
-	p, _, err := kv.Get(prefix+"/.lock", &api.QueryOptions{RequireConsistent: true})
-	require.NoError(t, err)
-	require.NotNil(t, p)
-	var body struct{ Holders map[string]bool }
-	require.NoError(t, json.Unmarshal(p.Value, &body))
-	return body.Holders
 }
