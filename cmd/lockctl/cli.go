@@ -25,6 +25,7 @@ type cli struct {
 	stdout, stderr io.Writer
 	addrs          addrList
 	connectTimeout time.Duration
+	sec            securityFlags
 	usages         map[*flag.FlagSet]func() // --help text of each flag set
 }
 
@@ -94,6 +95,7 @@ func (c *cli) flagSet(name, synopsis, help string) *flag.FlagSet {
 		c.connectTimeout = 5 * time.Second
 	}
 	fs.DurationVar(&c.connectTimeout, "connect-timeout", c.connectTimeout, "how long to try each broker address")
+	c.sec.register(fs)
 	fs.Usage = func() {} // the flag package calls it on errors too: stay quiet
 	if c.usages == nil {
 		c.usages = map[*flag.FlagSet]func(){}

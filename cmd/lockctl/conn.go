@@ -8,7 +8,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
@@ -56,8 +55,11 @@ func (c *cli) dial(ctx context.Context) (*grpc.ClientConn, error) {
 // for the server's overall status. A server without the health service
 // counts as serving. The connection is returned open unless err is set.
 func (c *cli) probe(ctx context.Context, addr string) (conn *grpc.ClientConn, serving bool, err error) {
-	conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithKeepaliveParams(clientKeepalive))
+	dopts, err := c.sec.dialOptions(addr)
+	if err != nil {
+		return nil, false, err
+	}
+	conn, err = grpc.NewClient(addr, append(dopts, grpc.WithKeepaliveParams(clientKeepalive))...)
 	if err != nil {
 		return nil, false, err
 	}

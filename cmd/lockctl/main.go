@@ -46,12 +46,17 @@ Commands:
   watch KEY                           print KEY's state now and after every change
   release KEY SESSION                 end a hold given its session, from anywhere
   session create|renew|destroy|get    manage sessions for holds that outlive a stream
+  admin list-holds|list-sessions|force-release   operate a shared broker (admins only)
   health                              check that a broker is serving
 
 Run 'lockctl COMMAND --help' for a command's flags.
 
 Every command takes --addr (repeated or comma-separated; default $LOCKBROKER_ADDR,
-else 127.0.0.1:8700): brokers are tried in order until one answers.
+else 127.0.0.1:8700): brokers are tried in order until one answers. For a broker
+serving TLS: --cacert FILE (verify it), --cert FILE --key FILE (a client certificate,
+mTLS), --token TOKEN (a bearer token); each also from $LOCKBROKER_CACERT,
+$LOCKBROKER_CERT, $LOCKBROKER_KEY, $LOCKBROKER_TOKEN (prefer the variable for the
+token: command lines are visible to other users).
 
 ` + exitCodesHelp
 
@@ -62,6 +67,7 @@ var commands = map[string]func(ctx context.Context, c *cli, args []string) error
 	"watch":   cmdWatch,
 	"release": cmdRelease,
 	"session": cmdSession,
+	"admin":   cmdAdmin,
 	"health":  cmdHealth,
 }
 

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSecurityFlagsWithoutBroker covers the TLS and token flags' own
+// errors: a token is never sent in clear to a broker off loopback, a
+// certificate needs its key, a CA file must exist; the token never shows
+// in an error.
+func TestSecurityFlagsWithoutBroker(t *testing.T) {
+	const token = "token-never-printed-1234"
+	tests := []struct {
+		name, want string
+		args       []string
+		env        map[string]string
+	}{
+		{"token in clear off loopback", "only over TLS", []string{"--addr", "192.0.2.1:8700", "--token", token, "get", "k"}, nil},
+		{"token from env in clear off loopback", "only over TLS", []string{"--addr", "192.0.2.1:8700", "get", "k"}, map[string]string{"LOCKBROKER_TOKEN": token}},
+		{"cert without key", "--cert and --key go together", []string{"--cert", "c.pem", "get", "k"}, nil},
+		{"missing CA file", "CA certificate", []string{"--cacert", "/nonexistent/ca.pem", "get", "k"}, nil},
+		{"admin without subcommand", "admin wants", []string{"admin"}, nil},
+		{"admin unknown", "unknown admin command", []string{"admin", "nuke"}, nil},
+		{"force-release without key", "force-release wants KEY", []string{"admin", "force-release"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), tt.args, strings.NewReader(""), &stdout, &stderr)
+			assert.Equal(t, exitError, code)
+			require.Contains(t, stderr.String(), tt.want)
+			assert.NotContains(t, stderr.String()+stdout.String(), token)
+		})
+	}
+}
