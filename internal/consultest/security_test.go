@@ -52,4 +52,16 @@ func TestHTTPSOnly(t *testing.T) {
 		defer resp.Body.Close()
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "plain HTTP is refused")
 	}
+
+	// With client certificates required, Config presents one; a client
+	// without one is refused.
+	clientCert, clientKey := ca.Client(t, "broker").Write(t, dir, "client")
+	m := Start(t, WithHTTPSOnly(HTTPS{CAFile: dir + "/ca.pem", CertFile: certFile, KeyFile: keyFile,
+		ClientCertFile: clientCert, ClientKeyFile: clientKey}))
+	_, err = m.Client().KV().Put(&api.KVPair{Key: "k", Value: []byte("v")}, nil)
+	require.NoError(t, err)
+	noCert, err := api.NewClient(&api.Config{Address: m.HTTPAddr(), Scheme: "https", TLSConfig: api.TLSConfig{CAFile: dir + "/ca.pem"}})
+	require.NoError(t, err)
+	_, err = noCert.Status().Leader()
+	assert.Error(t, err, "no client certificate")
 }
