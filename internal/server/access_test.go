@@ -133,8 +133,9 @@ func TestAccessMutualTLS(t *testing.T) {
 	}
 
 	err := health(s.dial(t, nil, ""))
+	// The server's "certificate required" alert, or the connection it
+	// closed, depending on who writes first.
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
-	assert.Contains(t, err.Error(), "certificate required")
 	other := testpki.NewCA(t, "another CA").Client(t, "tenant-a")
 	err = health(s.dial(t, other, ""))
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
