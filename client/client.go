@@ -12,8 +12,6 @@
 package client
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"google.golang.org/grpc"
@@ -22,25 +20,10 @@ import (
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 )
 
-// Errors returned by Lock, TryLock and Lease.Err.
-var (
-	// ErrBusy: TryLock found the key held (gRPC ABORTED).
-	ErrBusy = errors.New("lock is busy")
-	// ErrReleased: the lease was released by Release.
-	ErrReleased = errors.New("lease released")
-)
-
-// LostError says why a lease was lost.
-type LostError struct {
-	Reason lockbrokerv1.LostReason
-	Detail string
-}
-
-func (e *LostError) Error() string { return fmt.Sprintf("lease lost: %s: %s", e.Reason, e.Detail) }
-
 // Client talks to one or more broker replicas.
 type Client struct {
-	locks []lockbrokerv1.LockServiceClient
+	locks    []lockbrokerv1.LockServiceClient
+	sessions []lockbrokerv1.SessionServiceClient // same replicas, same order
 }
 
 // Option configures a Client.
@@ -52,21 +35,27 @@ type Option func(*Client)
 func WithReplicas(conns ...grpc.ClientConnInterface) Option {
 	return func(c *Client) {
 		for _, cc := range conns {
-			c.locks = append(c.locks, lockbrokerv1.NewLockServiceClient(cc))
+			c.add(cc)
 		}
 	}
 }
 
 // New returns a Client on conn (a *grpc.ClientConn to a broker).
 func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
-	c := &Client{locks: []lockbrokerv1.LockServiceClient{lockbrokerv1.NewLockServiceClient(conn)}}
+	c := &Client{}
+	c.add(conn)
 	for _, o := range opts {
 		o(c)
 	}
 	return c
 }
 
-// LockOption configures one Lock or TryLock.
+func (c *Client) add(cc grpc.ClientConnInterface) {
+	c.locks = append(c.locks, lockbrokerv1.NewLockServiceClient(cc))
+	c.sessions = append(c.sessions, lockbrokerv1.NewSessionServiceClient(cc))
+}
+
+// LockOption configures one Lock, TryLock or TryAcquire.
 type LockOption func(*lockbrokerv1.AcquireRequest)
 
 func session(r *lockbrokerv1.AcquireRequest) *lockbrokerv1.SessionOptions {
@@ -102,15 +91,38 @@ func WithDeleteBehavior() LockOption {
 	}
 }
 
+// WithSessionName names the session the broker creates (default: the
+// broker's own name; at most 128 bytes, else INVALID_ARGUMENT). Holders
+// show it (Holder.SessionName), and so does ListSessions.
+func WithSessionName(name string) LockOption {
+	return func(r *lockbrokerv1.AcquireRequest) { session(r).Name = name }
+}
+
 // WithLimit takes a semaphore slot of n (default 1: an exclusive lock;
-// every holder of a key must use the same limit, else FAILED_PRECONDITION).
+// every holder of a key must use the same limit, else ErrConflict).
 func WithLimit(n uint32) LockOption { return func(r *lockbrokerv1.AcquireRequest) { r.Limit = n } }
+
+// WithKind says what to take (default ACQUIRE_KIND_UNSPECIFIED: WithLimit
+// decides, 0 or 1 a lock, more a semaphore). ACQUIRE_KIND_LOCK with a
+// limit above 1 is INVALID_ARGUMENT.
+func WithKind(k lockbrokerv1.AcquireKind) LockOption {
+	return func(r *lockbrokerv1.AcquireRequest) { r.Kind = k }
+}
+
+// WithSemaphore takes a semaphore slot even when the limit is 1 (a
+// one-slot semaphore in Consul's semaphore layout under the prefix key,
+// which a lock of the same key is not): the same as
+// WithKind(ACQUIRE_KIND_SEMAPHORE). The limit is WithLimit's, 1 when unset.
+func WithSemaphore() LockOption {
+	return WithKind(lockbrokerv1.AcquireKind_ACQUIRE_KIND_SEMAPHORE)
+}
 
 // WithFair admits semaphore waiters oldest first (default off).
 func WithFair() LockOption { return func(r *lockbrokerv1.AcquireRequest) { r.Fair = true } }
 
 // WithWaitTimeout bounds Lock's wait (default: until ctx ends). A wait that
-// runs out fails with gRPC DEADLINE_EXCEEDED naming the holders.
+// runs out fails with ErrWaitTimeout (gRPC DEADLINE_EXCEEDED), a
+// *StatusError naming the holders. Zero tries once, as TryLock does.
 func WithWaitTimeout(d time.Duration) LockOption {
 	return func(r *lockbrokerv1.AcquireRequest) { r.WaitTimeout = durationpb.New(d) }
 }

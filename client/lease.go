@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -26,19 +25,23 @@ type Lease struct {
 	stopped chan struct{}
 	cancel  context.CancelFunc
 
-	mu       sync.Mutex
-	replica  int
-	deadline time.Time
-	err      error
+	mu        sync.Mutex
+	replica   int
+	deadline  time.Time
+	releasing bool // Release was called: `released` is this lease's own
+	err       error
 }
 
 // Lock waits until it holds key (or ctx ends) and returns the lease.
+// Broker errors are *StatusError: ErrWaitTimeout after WithWaitTimeout,
+// ErrBusy with a zero wait, ErrConflict, ErrInvalidArgument, ... With
+// WithReplicas, an UNAVAILABLE replica is skipped for the next one.
 func (c *Client) Lock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
 	return c.acquire(ctx, key, opts)
 }
 
-// TryLock takes key if it is free now; ErrBusy (wrapped with the holders)
-// if not.
+// TryLock takes key if it is free now. A busy key fails with a
+// *StatusError that matches ErrBusy and names the holders.
 func (c *Client) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
 	return c.acquire(ctx, key, append(opts, func(r *lockbrokerv1.AcquireRequest) { r.WaitTimeout = durationpb.New(0) }))
 }
@@ -73,7 +76,7 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, err
+		return nil, asStatusError(err)
 	}
 	for {
 		resp, err := stream.Recv()
@@ -83,10 +86,7 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			if status.Code(err) == codes.Aborted {
-				return nil, fmt.Errorf("%w: %s", ErrBusy, status.Convert(err).Message())
-			}
-			return nil, err
+			return nil, c.withHolders(ctx, req.GetKey(), asStatusError(err))
 		}
 		if a := resp.GetAcquired(); a != nil {
 			if !stop() {
@@ -109,11 +109,21 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Err is nil while the lease is held, ErrReleased after Release, and a
-// *LostError after a loss.
+// *LostError after a loss; its Cause says why (a Release from elsewhere is
+// Cause RELEASED, which matches ErrReleased too).
 func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.err
+}
+
+// Replica is the index of the broker replica whose stream holds the lease
+// now: 0 for New's connection, then WithReplicas's in order. It changes
+// when the lease resumes on another replica.
+func (l *Lease) Replica() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.replica
 }
 
 // Sequencer is the grant: pass its Token to protected resources.
@@ -138,7 +148,7 @@ func (l *Lease) giveUpAt() time.Time { return l.Deadline().Add(-clientMargin) }
 // SetValue changes the holder's value; the sequencer stays the same.
 func (l *Lease) SetValue(ctx context.Context, value []byte) error {
 	_, err := l.locks().SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: l.key, SessionId: l.seq.GetSessionId(), Value: value, Token: l.seq.GetToken()})
-	return err
+	return asStatusError(err)
 }
 
 // Release gives the lease up and waits until the broker has released it
@@ -152,6 +162,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	default:
 	}
+	l.mu.Lock()
+	l.releasing = true
+	l.mu.Unlock()
 	_, err := l.locks().Release(ctx, &lockbrokerv1.ReleaseRequest{Key: l.key, SessionId: l.seq.GetSessionId(), Token: l.seq.GetToken()})
 	if err != nil {
 		l.end(ErrReleased) // closing the stream releases it too
@@ -228,7 +241,8 @@ func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
 		timer := time.NewTimer(time.Until(l.giveUpAt()))
 		select {
 		case <-timer.C:
-			return &LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Detail: "no keepalive from the broker before the guaranteed deadline"}
+			return &LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Cause: CauseKeepaliveTimeout,
+				Detail: "no keepalive from the broker before the guaranteed deadline"}
 		case ev := <-events:
 			timer.Stop()
 			if ev.err != nil {
@@ -243,7 +257,13 @@ func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
 				l.deadline = time.Now().Add(e.Keepalive.GetGuaranteedFor().AsDuration())
 				l.mu.Unlock()
 			case *lockbrokerv1.AcquireResponse_Released:
-				return ErrReleased
+				l.mu.Lock()
+				own := l.releasing
+				l.mu.Unlock()
+				if own {
+					return ErrReleased
+				}
+				return &LostError{Cause: CauseReleased, Detail: "released by a Release call from elsewhere"}
 			case *lockbrokerv1.AcquireResponse_Lost:
 				if e.Lost.GetReason() == lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN {
 					// Resume elsewhere; the draining broker guarantees the
@@ -257,7 +277,7 @@ func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
 					}
 					return nil
 				}
-				return &LostError{Reason: e.Lost.GetReason(), Detail: e.Lost.GetDetail()}
+				return lostByBroker(e.Lost)
 			}
 		}
 	}
@@ -269,7 +289,8 @@ func (l *Lease) resume() lockbrokerv1.LockService_AcquireClient {
 	n := len(l.c.locks)
 	for attempt := 1; ; attempt++ {
 		if time.Until(l.giveUpAt()) <= 0 {
-			l.end(&LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Detail: "no broker replica could resume the hold before its guaranteed deadline"})
+			l.end(&LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Cause: CauseKeepaliveTimeout,
+				Detail: "no broker replica could resume the hold before its guaranteed deadline"})
 			return nil
 		}
 		l.mu.Lock()
@@ -283,9 +304,22 @@ func (l *Lease) resume() lockbrokerv1.LockService_AcquireClient {
 			return stream
 		}
 		switch status.Code(err) {
-		case codes.FailedPrecondition, codes.NotFound, codes.InvalidArgument, codes.Canceled:
-			l.end(&LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_SESSION_INVALIDATED, Detail: "resume refused: " + status.Convert(err).Message()})
+		case codes.FailedPrecondition, codes.NotFound, codes.InvalidArgument:
+			l.mu.Lock()
+			own := l.releasing
+			l.mu.Unlock()
+			if own { // released by this lease's Release while resuming
+				l.end(ErrReleased)
+				return nil
+			}
+			l.end(&LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_SESSION_INVALIDATED, Cause: CauseResumeRefused,
+				Detail: "resume refused: " + status.Convert(err).Message()})
 			return nil
+		}
+		select {
+		case <-l.lost: // released meanwhile
+			return nil
+		default:
 		}
 		if attempt%n == 0 {
 			select {
@@ -310,7 +344,7 @@ func (l *Lease) tryResume(i int, req *lockbrokerv1.AcquireRequest) (lockbrokerv1
 	resp, err := stream.Recv()
 	if !t.Stop() || err != nil {
 		cancel()
-		if err == nil {
+		if err == nil || sctx.Err() != nil { // past the deadline: not a refusal
 			err = status.Error(codes.DeadlineExceeded, "resume past the deadline")
 		}
 		return nil, err

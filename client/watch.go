@@ -17,7 +17,10 @@ type WatchOption func(*lockbrokerv1.WatchRequest)
 // WithPrefix watches every lock and semaphore under key/ (and key itself)
 // instead of key alone (default off). Each state on the channel is then the
 // state of one of those keys; a key that disappears is reported once with
-// kind NONE.
+// kind NONE. After the state of every key there now, one response has
+// SnapshotComplete set and no State: from then on the reader has the whole
+// state, and every later response is a change. (After a move to another
+// replica the burst and the marker come again.)
 func WithPrefix() WatchOption { return func(r *lockbrokerv1.WatchRequest) { r.Prefix = true } }
 
 // Watcher follows the state of a key. Read its states from C.
@@ -69,7 +72,7 @@ func (c *Client) Watch(ctx context.Context, key string, opts ...WatchOption) (*W
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, err
+		return nil, asStatusError(err)
 	}
 	ch := make(chan *lockbrokerv1.WatchResponse)
 	w := &Watcher{C: ch, done: make(chan struct{})}
@@ -77,7 +80,7 @@ func (c *Client) Watch(ctx context.Context, key string, opts ...WatchOption) (*W
 		defer close(w.done)
 		defer close(ch)
 		defer cancel()
-		err := c.followWatch(wctx, req, replica, stream, first, ch)
+		err := asStatusError(c.followWatch(wctx, req, replica, stream, first, ch))
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
@@ -185,13 +188,20 @@ func (c *Client) CheckSequencer(ctx context.Context, seq *lockbrokerv1.Sequencer
 }
 
 // unary runs call on each replica in turn while the broker is UNAVAILABLE.
+// Broker errors come back as *StatusError.
 func (c *Client) unary(call func(lockbrokerv1.LockServiceClient) error) error {
+	return c.each(func(i int) error { return call(c.locks[i]) })
+}
+
+// each runs call with each replica's index in turn while the broker is
+// UNAVAILABLE. Broker errors come back as *StatusError.
+func (c *Client) each(call func(i int) error) error {
 	var err error
-	for _, l := range c.locks {
-		err = call(l)
+	for i := range c.locks {
+		err = call(i)
 		if err == nil || status.Code(err) != codes.Unavailable {
-			return err
+			break
 		}
 	}
-	return err
+	return asStatusError(err)
 }
