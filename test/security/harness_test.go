@@ -93,6 +93,17 @@ func (p *brokerProc) serving() bool {
 	return resp.StatusCode == http.StatusOK
 }
 
+// answering reports whether the broker's HTTP listener answers at all
+// (its gRPC listener opens first).
+func (p *brokerProc) answering() bool {
+	resp, err := http.Get("http://" + p.HTTPAddr + "/healthz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return true
+}
+
 // hup sends SIGHUP.
 func (p *brokerProc) hup(t *testing.T) {
 	t.Helper()
