@@ -163,8 +163,11 @@ func (s *guardedStream) SendMsg(m any) error {
 // method at all; the returned context carries its tenant for the broker.
 func (a *access) admitCall(ctx context.Context, c *call) (context.Context, error) {
 	cfg := a.cfg.Load()
-	if cfg == nil {
-		return ctx, nil // single-tenant
+	if cfg == nil { // single-tenant: anyone may; admin calls still say who, for the audit log
+		if strings.HasPrefix(c.method, adminServicePrefix) {
+			c.caller.Identity = presented(ctx)
+		}
+		return ctx, nil
 	}
 	caller, err := identify(ctx, cfg)
 	c.caller = caller
@@ -225,29 +228,65 @@ func (a *access) admitRequest(ctx context.Context, c *call) error {
 // one is refused, never passed over for the certificate), else the
 // verified client certificate.
 func identify(ctx context.Context, cfg *tenant.Config) (tenant.Caller, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	if vals := md.Get(authorizationHeader); len(vals) > 0 {
-		if len(vals) > 1 {
-			return tenant.Caller{}, unauthenticated("more than one authorization header")
-		}
-		v := vals[0]
-		if len(v) > maxAuthorizationSize || len(v) <= len(bearerScheme) || !strings.EqualFold(v[:len(bearerScheme)], bearerScheme) {
-			return tenant.Caller{}, unauthenticated(`authorization must be "Bearer <token>"`)
-		}
-		caller, ok := cfg.MatchToken(strings.TrimSpace(v[len(bearerScheme):]))
+	token, sent, err := bearerToken(ctx)
+	if err != nil {
+		return tenant.Caller{}, err
+	}
+	if sent {
+		caller, ok := cfg.MatchToken(token)
 		if !ok {
 			return caller, unauthenticated("bearer token not recognised")
 		}
 		return caller, nil
 	}
-	if p, ok := peer.FromContext(ctx); ok {
-		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.VerifiedChains) > 0 && len(info.State.VerifiedChains[0]) > 0 {
-			if c := cfg.MatchCert(tenant.CertIdentities(info.State.VerifiedChains[0][0])); c.Identity != "" {
-				return c, nil
-			}
-		}
+	if c := cfg.MatchCert(certIdentities(ctx)); c.Identity != "" {
+		return c, nil
 	}
 	return tenant.Caller{}, unauthenticated("no identity: send a verified client certificate or an authorization: Bearer token")
+}
+
+// bearerToken is the token of the call's `authorization: Bearer` header;
+// sent is false without the header.
+func bearerToken(ctx context.Context) (token string, sent bool, err error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get(authorizationHeader)
+	switch {
+	case len(vals) == 0:
+		return "", false, nil
+	case len(vals) > 1:
+		return "", true, unauthenticated("more than one authorization header")
+	}
+	v := vals[0]
+	if len(v) > maxAuthorizationSize || len(v) <= len(bearerScheme) || !strings.EqualFold(v[:len(bearerScheme)], bearerScheme) {
+		return "", true, unauthenticated(`authorization must be "Bearer <token>"`)
+	}
+	return strings.TrimSpace(v[len(bearerScheme):]), true, nil
+}
+
+// certIdentities are the identities of the call's verified client
+// certificate (none without one).
+func certIdentities(ctx context.Context) []string {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return nil
+	}
+	return tenant.CertIdentities(info.State.VerifiedChains[0][0])
+}
+
+// presented is the identity a caller presents, unchecked (single-tenant
+// mode): its token's, else its verified certificate's, else "".
+func presented(ctx context.Context) string {
+	if token, sent, err := bearerToken(ctx); sent && err == nil {
+		return tenant.TokenIdentity(token)
+	}
+	if ids := certIdentities(ctx); len(ids) > 0 {
+		return ids[0]
+	}
+	return ""
 }
 
 // finish counts and audits the call's outcome.

@@ -148,15 +148,25 @@ func (s *secure) dial(t *testing.T, cert *testpki.Pair, token string) *grpc.Clie
 	return conn
 }
 
-// consulCalls is how many Consul calls the broker has made.
-func (s *secure) consulCalls(t *testing.T) float64 {
+// consulCalls is how many Consul calls the broker has made (of the given
+// ops only, e.g. "session_create"; every op when none is given).
+func (s *secure) consulCalls(t *testing.T, ops ...string) float64 {
 	t.Helper()
 	mfs, err := s.srv.Metrics.Gather()
 	require.NoError(t, err)
 	var n float64
 	for _, mf := range mfs {
-		if mf.GetName() == "lockbroker_consul_requests_total" {
-			for _, m := range mf.GetMetric() {
+		if mf.GetName() != "lockbroker_consul_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			counted := len(ops) == 0
+			for _, lp := range m.GetLabel() {
+				for _, op := range ops {
+					counted = counted || (lp.GetName() == "op" && lp.GetValue() == op)
+				}
+			}
+			if counted {
 				n += m.GetCounter().GetValue()
 			}
 		}

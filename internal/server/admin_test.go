@@ -12,6 +12,7 @@ import (
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/consultest"
+	"github.com/lockbroker/lockbroker/internal/tenant"
 )
 
 // TestAdminService proves AdminService with tenants: admins only
@@ -132,8 +133,13 @@ func TestSingleTenant(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, holds.GetHolds(), 1)
 	assert.Empty(t, holds.GetHolds()[0].GetTenant())
+	_, err = lockbrokerv1.NewAdminServiceClient(s.dial(t, nil, tokenAdmin)).ListSessions(ctx, &lockbrokerv1.AdminServiceListSessionsRequest{})
+	require.NoError(t, err)
 	lines := s.auditLines()
-	require.Len(t, lines, 1)
+	require.Len(t, lines, 2)
 	assert.Equal(t, "lockbroker.v1.AdminService/ListHolds", lines[0].ContextMap()["action"])
+	assert.Equal(t, "", lines[0].ContextMap()["identity"])
+	assert.Equal(t, tenant.TokenIdentity(tokenAdmin), lines[1].ContextMap()["identity"], "the token's identity, never the token")
+	assertNoSecrets(t, s)
 	assert.InDelta(t, -1, s.tenantMetric(t, "lockbroker_tenant_holds"), 0, "no per-tenant series without tenants")
 }
