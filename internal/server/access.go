@@ -71,6 +71,7 @@ func (a *access) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return handler(ctx, req)
 	}
 	c := newCall(ctx, info.FullMethod)
+	defer c.done() // also when the handler panics (recovery is outside)
 	c.named = namedBy(req)
 	ctx, err := a.admitCall(ctx, c)
 	if err == nil {
@@ -85,7 +86,6 @@ func (a *access) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	if err == nil && info.FullMethod == methodTryAcquire {
 		a.quotas.granted(c.caller.Tenant)
 	}
-	c.done()
 	a.finish(c, err)
 	return resp, err
 }
@@ -95,11 +95,11 @@ func (a *access) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 		return handler(srv, ss)
 	}
 	c := newCall(ss.Context(), info.FullMethod)
+	defer c.done() // also when the handler panics (recovery is outside)
 	ctx, err := a.admitCall(ss.Context(), c)
 	if err == nil {
 		err = handler(srv, &guardedStream{ServerStream: ss, ctx: ctx, a: a, c: c})
 	}
-	c.done()
 	a.finish(c, err)
 	return err
 }
@@ -112,7 +112,7 @@ func newCall(ctx context.Context, method string) *call {
 	return c
 }
 
-// done gives back what the call took.
+// done gives back what the call took (once).
 func (c *call) done() {
 	if c.release != nil {
 		c.release()
