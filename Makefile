@@ -110,8 +110,13 @@ test-node: consul broker deps-npm deps-node
 # Benchmarks and the scale run (10,000 holds, 1,000 watchers on one
 # replica): they print figures and assert none.
 bench: consul
-	set -o pipefail; $(GO) test -run 'TestScale' -bench . -benchtime 200x -count 1 -timeout 30m -v ./test/bench/ -args -scale \
-		| grep -E '^(Benchmark|SCALE|goos|cpu|ok|FAIL|---)|scale_test.go'
+	set -o pipefail; $(GO) test -count=1 -timeout 30m -run 'TestBenchTable|TestScale' -v ./test/bench/ -args -table -scale \
+		| grep -E '^(#|\||SCALE|ok|FAIL|--- |panic)|^    [a-z_]+_test\.go:'
+
+# A CPU profile of the uncontended cycle (broker side, in process).
+bench-profile: consul
+	$(GO) test -count=1 -run '^$$' -bench 'Cycle/broker' -benchtime 3000x -cpuprofile bin/cpu.out -o bin/bench.test ./test/bench/
+	$(GO) tool pprof -top -nodecount=40 bin/bench.test bin/cpu.out
 
 ## Running it -------------------------------------------------------------
 

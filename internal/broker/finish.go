@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 
@@ -37,6 +38,10 @@ func (h *hold) finish(released bool) {
 		if err == nil {
 			h.destroy(ctx)
 			return
+		}
+		if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
+			backoff(ctx, attempt+10) // Consul busy (429) or away: try again
+			continue
 		}
 		if asTxnError(err) == nil {
 			h.b.log.Warn("cannot release hold; its session expires with its TTL", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Error(err))
@@ -140,6 +145,10 @@ func (h *hold) recycle(released bool) bool {
 		}
 	}
 	res, err := h.st.Txn(ctx, ops)
+	for attempt := 0; errors.Is(err, ErrUnavailable) && attempt < 20 && ctx.Err() == nil; attempt++ {
+		backoff(ctx, attempt+10) // Consul busy (429) or away: try again
+		res, err = h.st.Txn(ctx, ops)
+	}
 	if err != nil {
 		return false
 	}

@@ -23,8 +23,15 @@ import (
 //   - only sessions whose hold ended cleanly (released, or cancelled and
 //     unlocked) come back; a session that was lost, resumed, invalidated
 //     or shut down never does.
+//
+// A hot key (one key acquired over and over) therefore needs a session
+// that never held it for each grant: the pool keeps poolFresh sessions
+// that never held any key ready, evicting its most used idle session when
+// full, so that the key's grants still cost one transaction on the
+// critical path (the creation and destruction of sessions happen in the
+// background).
 const (
-	poolTarget  = 32 // idle sessions kept ready
+	poolFresh   = 16 // idle sessions that never held a key, kept ready
 	poolMaxIdle = 64 // idle sessions kept at most
 	poolMaxUses = 64 // grants per session before it retires
 )
@@ -48,20 +55,23 @@ func newSessionPool(b *Broker) *sessionPool {
 	return &sessionPool{b: b, kick: make(chan struct{}, 1)}
 }
 
-// get takes a ready session that never held key, or nil.
+// get takes a ready session that never held key, or nil. Sessions that
+// held other keys go first, to keep the fresh ones for hot keys.
 func (p *sessionPool) get(key string) *pooled {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	limit := time.Now().Add(-DefaultTTL / 2) // renewed recently enough to hand over
-	for i := len(p.idle) - 1; i >= 0; i-- {
-		s := p.idle[i]
-		if s.used[key] || s.renewed.Before(limit) {
-			continue
+	for _, wantUsed := range []bool{true, false} {
+		for i := len(p.idle) - 1; i >= 0; i-- {
+			s := p.idle[i]
+			if s.used[key] || s.renewed.Before(limit) || (len(s.used) > 0) != wantUsed {
+				continue
+			}
+			p.idle = append(p.idle[:i], p.idle[i+1:]...)
+			s.used[key] = true
+			p.signal()
+			return s
 		}
-		p.idle = append(p.idle[:i], p.idle[i+1:]...)
-		s.used[key] = true
-		p.signal()
-		return s
 	}
 	p.signal()
 	return nil
@@ -103,13 +113,29 @@ func (p *sessionPool) run(ctx context.Context) {
 	}
 }
 
-// fill creates sessions up to poolTarget.
+// fill creates sessions until poolFresh idle ones never held a key,
+// evicting the most used idle session when the pool is full.
 func (p *sessionPool) fill(ctx context.Context) {
 	for ctx.Err() == nil {
 		p.mu.Lock()
-		n := len(p.idle)
+		fresh, most := 0, -1
+		for i, s := range p.idle {
+			if len(s.used) == 0 {
+				fresh++
+			} else if most < 0 || len(s.used) > len(p.idle[most].used) {
+				most = i
+			}
+		}
+		var evict *pooled
+		if fresh < poolFresh && len(p.idle) >= poolMaxIdle && most >= 0 {
+			evict = p.idle[most]
+			p.idle = append(p.idle[:most], p.idle[most+1:]...)
+		}
 		p.mu.Unlock()
-		if n >= poolTarget {
+		if evict != nil {
+			go p.retire(evict)
+		}
+		if fresh >= poolFresh {
 			return
 		}
 		s, err := p.create(ctx)

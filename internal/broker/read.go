@@ -101,6 +101,24 @@ func (b *Broker) fillTokens(ctx context.Context, st *State) {
 	}
 }
 
+// fillTokensCached is fillTokens without Consul calls: holders this
+// replica has not resolved keep Consul's best answer. A waiter's queued
+// reports use it, so a busy key's waiters do not read every new holder's
+// record.
+func (b *Broker) fillTokensCached(st *State) {
+	b.cacheMu.Lock()
+	defer b.cacheMu.Unlock()
+	for i := range st.Holders {
+		hd := &st.Holders[i]
+		if g, ok := b.grants[grantID(st.Key, *hd)]; ok {
+			if g.token > 0 {
+				hd.Token = g.token
+			}
+			hd.SessionName = g.name
+		}
+	}
+}
+
 type grantInfo struct {
 	token uint64
 	name  string

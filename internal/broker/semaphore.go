@@ -19,23 +19,38 @@ var errNoContender = errors.New("contender entry missing")
 // session already has (a client-owned session coming back) is released
 // and acquired again in one transaction, which bumps its LockIndex: a
 // slot granted now is never mistaken for an earlier grant to the session.
-func (h *hold) enterSemaphore(ctx context.Context, st *State) error {
+func (h *hold) enterSemaphore(ctx context.Context, st *State) (*Entry, error) {
 	ck := contenderKey(h.spec.Key, h.session)
 	var ops []Op
 	if _, ok := st.contenders[h.session]; ok {
 		ops = append(ops, Op{Verb: OpUnlock, Key: ck, Flags: SemaphoreFlagValue, Session: h.session})
 	} else if c := st.child(h.session); c != nil {
-		return newError(ErrConflict, ReasonForeignFlags, "contender entry %q exists and is not this session's (flags %#x)", ck, c.Flags)
+		return nil, newError(ErrConflict, ReasonForeignFlags, "contender entry %q exists and is not this session's (flags %#x)", ck, c.Flags)
 	}
 	ops = append(ops, Op{Verb: OpLock, Key: ck, Value: h.spec.Value, Flags: SemaphoreFlagValue, Session: h.session})
-	_, err := h.st.Txn(ctx, ops)
+	res, err := h.st.Txn(ctx, ops)
 	if te := asTxnError(err); te != nil {
 		if te.Has(TxnSessionInvalid) {
-			return sessionError(ErrSessionNotFound, h.session)
+			return nil, sessionError(ErrSessionNotFound, h.session)
 		}
-		return newError(ErrAborted, ReasonSessionLost, "cannot write contender entry %q: it changed meanwhile", ck)
+		return nil, newError(ErrAborted, ReasonSessionLost, "cannot write contender entry %q: it changed meanwhile", ck)
 	}
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return res[len(res)-1], nil
+}
+
+// withContender is st with this session's contender entry e as written:
+// the first attempt needs no second read.
+func withContender(st *State, session string, e *Entry) *State {
+	entries := make([]*Entry, 0, len(st.entries)+1)
+	for _, x := range st.entries {
+		if x.Key != e.Key {
+			entries = append(entries, x)
+		}
+	}
+	return deriveState(st.Key, under(st.Key, append(entries, e)), max(st.Index, e.ModifyIndex))
 }
 
 // semaphoreConflict says why st cannot be used as a semaphore with limit.

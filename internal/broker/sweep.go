@@ -95,11 +95,14 @@ func (h *hub) sweep(ctx context.Context) {
 		case <-t.C:
 		case <-h.kick:
 		}
+		began := time.Now()
 		h.sweepOnce(ctx)
 		if round++; round%guardEvery == 0 {
 			h.checkGuards(ctx)
 		}
-		t.Reset(h.sweepInterval)
+		// The interval counts from the start of a sweep: a sweep of many
+		// keys that takes longer starts the next one at once.
+		t.Reset(max(h.sweepInterval-time.Since(began), time.Millisecond))
 	}
 }
 

@@ -117,10 +117,14 @@ func (h *hold) first(ctx context.Context) (*State, error) {
 	if _, holds := st.holder(h.session); holds {
 		return st, nil // already admitted (a client-owned session)
 	}
-	if err := h.enterSemaphore(ctx, st); err != nil {
+	e, err := h.enterSemaphore(ctx, st)
+	if err != nil {
 		return nil, err
 	}
-	return h.b.readState(ctx, h.spec.Key)
+	if e == nil || e.Session != h.session {
+		return h.b.readState(ctx, h.spec.Key)
+	}
+	return withContender(st, h.session, e), nil
 }
 
 // attempt makes one try on st. It returns the grant; or the lock-delay
@@ -164,10 +168,12 @@ func (w *waiter) attempt(ctx context.Context, st *State) (*Sequencer, time.Durat
 			e.RetryAfter = time.Second
 			return nil, 0, false, e
 		}
-		if !sleep(ctx, time.Duration(min(w.races, 20))*5*time.Millisecond) {
-			return nil, 0, false, ctx.Err()
+		// The first race re-reads at once (usually a watch state a moment
+		// old); repeated ones back off a little, with jitter.
+		if w.races > 1 {
+			backoff(ctx, w.races)
 		}
-		return nil, 0, true, nil
+		return nil, 0, true, ctx.Err()
 	case errors.Is(err, errLockDelay):
 		seq, left, err := w.lockDelay(st)
 		return seq, left, false, err
@@ -219,7 +225,7 @@ func (w *waiter) report(ctx context.Context, st *State, delayLeft time.Duration)
 		return nil
 	}
 	w.queued = st
-	h.b.fillTokens(ctx, st)
+	h.b.fillTokensCached(st)
 	return h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: h.session})
 }
 

@@ -235,7 +235,7 @@ func newEnv(t *testing.T) *env {
 	// client (the anchors' idle pools would otherwise push the broker into
 	// 429s); the scale run keeps the default.
 	agent := consultest.Start(t, consultest.WithHCL(`limits { http_max_conns_per_client = 1000 }`))
-	r := brokertest.Start(t, agent)
+	r := startBroker(t, agent)
 	conn := r.Conn(t)
 	tr := pooledTransport()
 	counter := newCallCounter(tr)

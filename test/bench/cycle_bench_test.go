@@ -5,7 +5,6 @@ import (
 	"time"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
-	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
@@ -16,7 +15,7 @@ import (
 // reports allocations (whole process) and p50/p99 in ms.
 func BenchmarkCycle(b *testing.B) {
 	agent := consultest.Start(b)
-	r := brokertest.Start(b, agent)
+	r := startBroker(b, agent)
 	conn := r.Conn(b)
 	bd := brokerDriver{locks: lockbrokerv1.NewLockServiceClient(conn), sessions: lockbrokerv1.NewSessionServiceClient(conn)}
 	ac, err := anchorClient(agent.HTTPAddr(), newCallCounter(pooledTransport()))
@@ -44,7 +43,7 @@ func BenchmarkCycle(b *testing.B) {
 				if err := bm.cycle(); err != nil {
 					b.Fatal(err)
 				}
-				lat.add(time.Now().Sub(t0))
+				lat.add(time.Since(t0))
 			}
 			b.ReportMetric(msOf(lat.p50()), "p50-ms")
 			b.ReportMetric(msOf(lat.p99()), "p99-ms")

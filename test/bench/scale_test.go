@@ -14,7 +14,6 @@ import (
 	"time"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
-	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
@@ -48,7 +47,7 @@ func TestScale(t *testing.T) {
 	agent := consultest.Start(t, consultest.WithHCL(`limits { http_max_conns_per_client = 200 }`))
 	_, portStr, _ := net.SplitHostPort(agent.HTTPAddr())
 	port, _ := strconv.Atoi(portStr)
-	r := brokertest.Start(t, agent)
+	r := startBroker(t, agent)
 	c := lockbrokerv1.NewLockServiceClient(r.Conn(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
