@@ -69,6 +69,7 @@ type Broker struct {
 	done        chan struct{}
 	paused      bool
 	incarnation int
+	rebinds     int
 }
 
 // NewBroker prepares replica i (not started).
@@ -131,6 +132,19 @@ func (b *Broker) Start(ctx context.Context) error {
 		select {
 		case <-done:
 			b.cmd = nil
+			if b.incarnation == 1 && strings.Contains(tailFile(b.logPath), "address already in use") && b.rebinds < 3 {
+				// Someone took a port between our probe and the bind: the
+				// first incarnation may move (nothing points at it yet).
+				ports, err := freeTCPPorts(2)
+				if err != nil {
+					return err
+				}
+				b.Addr, b.HTTPAddr, b.incarnation = ports[0], ports[1], 0
+				b.rebinds++
+				b.mu.Unlock()
+				defer b.mu.Lock()
+				return b.Start(ctx)
+			}
 			return fmt.Errorf("%s exited at start: %s (see %s)", b.Name(), cmd.ProcessState, b.logPath)
 		case <-ctx.Done():
 			return ctx.Err()
@@ -286,6 +300,12 @@ func scanLog(path string) []string {
 		}
 	}
 	return out
+}
+
+// tailFile returns the last 4 KiB of the file at path.
+func tailFile(path string) string {
+	data, _ := os.ReadFile(path)
+	return string(data[max(0, len(data)-4096):])
 }
 
 func truncate(s string, n int) string {

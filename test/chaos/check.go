@@ -387,8 +387,8 @@ func CheckLiveness(s *Snapshot, recovery, vanish time.Duration, clients map[int]
 	}
 	for _, q := range s.Quiets {
 		from := q.Start + recovery
-		if q.End <= from {
-			continue
+		if q.End-from < minLivenessWindow {
+			continue // too short to judge (a run cut short)
 		}
 		held := map[int]bool{}
 		for _, h := range s.Holds {
@@ -410,7 +410,7 @@ func CheckLiveness(s *Snapshot, recovery, vanish time.Duration, clients map[int]
 				r.add(Violation{At: q.End,
 					Msg: fmt.Sprintf("client %d (%s) wanted its lock throughout the quiet period %s–%s and never held it after %s (bound %s)",
 						id, clients[id], ms(q.Start), ms(q.End), ms(from), q.End-q.Start),
-					Excerpt: lastAttempts(s, id, 3)})
+					Excerpt: attemptsIn(s, id, q.Start, q.End, 4)})
 			}
 		}
 	}
@@ -418,14 +418,22 @@ func CheckLiveness(s *Snapshot, recovery, vanish time.Duration, clients map[int]
 	return r
 }
 
-// lastAttempts describes client c's last n Acquire attempts.
-func lastAttempts(s *Snapshot, c, n int) []string {
+// minLivenessWindow is the shortest window (after recovery) in which
+// liveness is judged.
+const minLivenessWindow = 10 * time.Second
+
+// attemptsIn describes client c's last n Acquire attempts that overlap
+// [from, to].
+func attemptsIn(s *Snapshot, c int, from, to time.Duration, n int) []string {
 	var out []string
 	for i := len(s.Attempts) - 1; i >= 0 && len(out) < n; i-- {
 		a := s.Attempts[i]
-		if a.Client == c {
+		if a.Client == c && a.Call <= to && a.Return >= from {
 			out = append(out, fmt.Sprintf("attempt on %s %s–%s ok=%v %s", a.Key, ms(a.Call), ms(a.Return), a.OK, a.Err))
 		}
+	}
+	if len(out) == 0 {
+		out = append(out, "no Acquire attempt ended in the period (one was in flight)")
 	}
 	return out
 }

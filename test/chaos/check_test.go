@@ -147,7 +147,7 @@ func TestCheckLoss(t *testing.T) {
 
 func TestCheckLiveness(t *testing.T) {
 	clients := map[int]ClientKind{1: KindLib, 2: KindLib, 3: KindObserver}
-	q := []Quiet{{Start: s(100), End: s(140)}}
+	q := []Quiet{{Start: s(100), End: s(140)}, {Start: s(200), End: s(230)}} // the second is too short to judge
 	recovery, vanish := s(25), s(23)
 	good := []Hold{
 		lockHold(1, 1, 10, 126, 127, EndReleased),
@@ -158,7 +158,7 @@ func TestCheckLiveness(t *testing.T) {
 
 	starved := []Hold{lockHold(1, 1, 10, 126, 127, EndReleased), lockHold(2, 2, 20, 101, 102, EndReleased)}
 	r = CheckLiveness(&Snapshot{Holds: starved, Quiets: q,
-		Attempts: []Attempt{{Client: 2, Key: "k", Call: s(103), Return: s(140), Err: "context deadline exceeded"}}}, recovery, vanish, clients)
+		Attempts: []Attempt{{Client: 2, Key: "k", Call: s(103), Return: s(139), Err: "context deadline exceeded"}}}, recovery, vanish, clients)
 	assert.False(t, r.OK)
 	require.Len(t, r.Violations, 1)
 	assert.Contains(t, r.Violations[0].Msg, "client 2")

@@ -144,6 +144,9 @@ func Plan(seed uint64, total, chaosLen, quietLen, ttl, lockDelay time.Duration, 
 			first = false
 		}
 		q := min(quietLen, total-used)
+		if total-used-q < quietLen+5*time.Second {
+			q = total - used // the last quiet period takes the rest: never a stub
+		}
 		if q <= 0 {
 			break
 		}

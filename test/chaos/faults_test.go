@@ -29,7 +29,9 @@ func TestPlanReplaysFromSeed(t *testing.T) {
 		}
 	}
 	assert.Equal(t, p.Total, total)
-	assert.False(t, a.Segments[len(a.Segments)-1].Chaos, "a run ends with a quiet period")
+	last := a.Segments[len(a.Segments)-1]
+	assert.False(t, last.Chaos, "a run ends with a quiet period")
+	assert.GreaterOrEqual(t, last.Len, p.QuietLen, "a full one")
 	for _, k := range p.Must {
 		assert.Positive(t, a.ByKind()[k], k)
 	}

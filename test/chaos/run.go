@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -206,6 +207,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	stopClients()
 	waitGroup(&cwg, 30*time.Second)
 	snap := r.hist.Snapshot()
+	if b, err := json.Marshal(snap); err == nil {
+		_ = os.WriteFile(filepath.Join(cfg.OutDir, "history.json"), b, 0o644)
+	}
 	for _, c := range r.clients {
 		c.Close()
 	}
