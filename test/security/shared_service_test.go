@@ -48,7 +48,9 @@ type shared struct {
 	ca                                     *testpki.CA
 	caFile, certFile, keyFile, tenantsFile string
 	payments, orders, admin, stranger      *testpki.Pair
+	halfpriv                               *testpki.Pair
 	brokerToken, paymentsToken, noprivTok  string
+	halfprivTok                            string
 	broker                                 *brokerProc
 	lockctl                                string
 }
@@ -70,6 +72,10 @@ tenants:
     identities: ["%s"]
     prefixes: ["nopriv/"]
     consul_token_file: "nopriv.token"
+  - name: halfpriv
+    identities: ["cn:halfpriv"]
+    prefixes: ["halfpriv/"]
+    consul_token_file: "halfpriv.token"
 admins: ["cn:platform-oncall"]
 `
 
@@ -91,6 +97,10 @@ func startShared(t *testing.T) *shared {
 	s.brokerToken = s.agent.CreateToken(t, "lockbroker", string(policy))
 	s.paymentsToken = s.agent.CreateToken(t, "tenant-payments", string(tenantPolicy))
 	s.noprivTok = s.agent.CreateToken(t, "tenant-nopriv", "") // no rights at all
+	// Sessions and records, but not its own keys.
+	s.halfprivTok = s.agent.CreateToken(t, "tenant-halfpriv", `session_prefix "" { policy = "write" }
+key_prefix "lockbroker/sessions/" { policy = "write" }`)
+	require.NoError(t, os.WriteFile(filepath.Join(s.dir, "halfpriv.token"), []byte(s.halfprivTok), 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(s.dir, "payments.token"), []byte(s.paymentsToken+"\n"), 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(s.dir, "nopriv.token"), []byte(s.noprivTok), 0o600))
 
@@ -100,6 +110,7 @@ func startShared(t *testing.T) *shared {
 	s.orders = s.ca.Client(t, "orders-svc", "spiffe://corp/ns/orders/sa/api")
 	s.admin = s.ca.Client(t, "platform-oncall")
 	s.stranger = s.ca.Client(t, "mallory")
+	s.halfpriv = s.ca.Client(t, "halfpriv")
 	s.tenantsFile = filepath.Join(s.dir, "tenants.yaml")
 	s.writeTenants(t, "")
 	s.broker = startBroker(t, true,
@@ -352,6 +363,14 @@ func TestSharedService(t *testing.T) {
 		assert.Equal(t, "session create", errorInfo(err).GetMetadata()["consulOperation"])
 		_, err = lockbrokerv1.NewSessionServiceClient(nopriv).CreateSession(ctx, &lockbrokerv1.CreateSessionRequest{})
 		requireStatus(t, err, codes.PermissionDenied, "CONSUL_PERMISSION_DENIED")
+
+		// A token that may make sessions but not write its keys: the grant's
+		// transaction is rolled back by Consul's ACLs.
+		half := s.conn(t, s.halfpriv, "")
+		_, _, err = acquire(t, ctx, half, &lockbrokerv1.AcquireRequest{Key: "halfpriv/x", WaitTimeout: durationpb.New(0)})
+		requireStatus(t, err, codes.PermissionDenied, "CONSUL_PERMISSION_DENIED")
+		t.Logf("halfpriv: %v", err)
+		assert.NotEmpty(t, errorInfo(err).GetMetadata()["consulOperation"])
 	})
 
 	t.Run("admin lists holds (lockctl), force-releases, and the holder is told lost within 1s", func(t *testing.T) {
@@ -482,7 +501,7 @@ func TestSharedService(t *testing.T) {
 		labels := regexp.MustCompile(`lockbroker_tenant_[a-z_]+\{[^}]*tenant="([^"]*)"`).FindAllStringSubmatch(string(body), -1)
 		require.NotEmpty(t, labels)
 		for _, m := range labels {
-			assert.Contains(t, []string{"payments", "orders", "nopriv", ""}, m[1])
+			assert.Contains(t, []string{"payments", "orders", "nopriv", "halfpriv", ""}, m[1])
 		}
 		value := func(series string) float64 {
 			m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(string(body))
@@ -506,6 +525,7 @@ func TestSharedService(t *testing.T) {
 		secrets := map[string]string{
 			"broker Consul token": s.brokerToken, "payments Consul token": s.paymentsToken, "nopriv Consul token": s.noprivTok,
 			"management token": consultest.ManagementToken, "payments bearer token": tokenPayments, "nopriv bearer token": tokenNopriv,
+			"halfpriv Consul token": s.halfprivTok,
 		}
 		for name, path := range logs {
 			data, err := os.ReadFile(path)
