@@ -194,7 +194,20 @@ type LostError struct {
 	Detail string
 }
 
-func (e *LostError) Error() string { return fmt.Sprintf("lease lost: %s: %s", e.Cause, e.Detail) }
+// Error names the broker's reason and, when the client decided the loss,
+// the cause: "lease lost: LOST_REASON_SESSION_INVALIDATED: ...",
+// "lease lost: LOST_REASON_RENEWAL_FAILED (KEEPALIVE_TIMEOUT): ...",
+// "lease lost: RELEASED: ...".
+func (e *LostError) Error() string {
+	name := e.Reason.String()
+	switch {
+	case e.Reason == lockbrokerv1.LostReason_LOST_REASON_UNSPECIFIED:
+		name = e.Cause
+	case e.Cause != strings.TrimPrefix(name, "LOST_REASON_"):
+		name += " (" + e.Cause + ")"
+	}
+	return fmt.Sprintf("lease lost: %s: %s", name, e.Detail)
+}
 
 // Is reports a Release from elsewhere as ErrReleased too.
 func (e *LostError) Is(target error) bool { return target == ErrReleased && e.Cause == CauseReleased }
