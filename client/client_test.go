@@ -281,3 +281,23 @@ func TestWatchPrefixSnapshotComplete(t *testing.T) {
 	<-w.Done()
 	assert.True(t, errors.Is(w.Err(), context.Canceled), "%v", w.Err())
 }
+
+// LostError's text names the broker's reason, and the client's cause when
+// the client decided the loss.
+func TestLostErrorText(t *testing.T) {
+	tests := []struct {
+		err  *client.LostError
+		want string
+	}{
+		{&client.LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_SESSION_INVALIDATED, Cause: "SESSION_INVALIDATED", Detail: "d"},
+			"lease lost: LOST_REASON_SESSION_INVALIDATED: d"},
+		{&client.LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Cause: client.CauseKeepaliveTimeout, Detail: "d"},
+			"lease lost: LOST_REASON_RENEWAL_FAILED (KEEPALIVE_TIMEOUT): d"},
+		{&client.LostError{Cause: client.CauseReleased, Detail: "d"}, "lease lost: RELEASED: d"},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.want, tt.err.Error())
+	}
+	assert.ErrorIs(t, tests[2].err, client.ErrReleased)
+	assert.NotErrorIs(t, tests[0].err, client.ErrReleased)
+}
