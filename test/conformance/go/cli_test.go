@@ -1,0 +1,65 @@
+package conformance
+
+import (
+	"bufio"
+	"encoding/json"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// The Go CLI keeps the contract of scenarios.md (S5.3): with stdin on
+// /dev/null it holds for the full --seconds, prints acquired then
+// released with t on every line; watch --prefix prints the states, then
+// snapshot_complete.
+func TestGoCLIContract(t *testing.T) {
+	agent := consultest.Start(t)
+	b := brokertest.StartProcess(t, agent)
+	key := testKey(t)
+	bin := goCLI(t).argv[0]
+
+	run := func(args ...string) []map[string]any {
+		t.Helper()
+		cmd := exec.Command(bin, args...) // stdin: /dev/null
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		var lines []map[string]any
+		s := bufio.NewScanner(out)
+		for s.Scan() {
+			var m map[string]any
+			require.NoError(t, json.Unmarshal(s.Bytes(), &m), "%s", s.Bytes())
+			assert.Equal(t, "go", m["lang"])
+			assert.IsType(t, float64(0), m["t"])
+			lines = append(lines, m)
+		}
+		require.NoError(t, cmd.Wait())
+		return lines
+	}
+
+	start := time.Now()
+	hold := run("hold", "--target", b.Addr, "--key", key+"/lock", "--seconds", "1", "--value", "v")
+	took := time.Since(start)
+	require.Len(t, hold, 2, "%v", hold)
+	assert.Equal(t, "acquired", hold[0]["event"])
+	assert.NotZero(t, hold[0]["token"])
+	assert.NotEmpty(t, hold[0]["session_id"])
+	assert.Equal(t, "released", hold[1]["event"])
+	assert.Equal(t, hold[0]["token"], hold[1]["token"])
+	assert.GreaterOrEqual(t, took, time.Second, "stdin on /dev/null holds the full --seconds")
+
+	watch := run("watch", "--target", b.Addr, "--key", key, "--prefix", "--seconds", "1")
+	require.NotEmpty(t, watch)
+	var events []string
+	for _, m := range watch {
+		events = append(events, m["event"].(string))
+	}
+	assert.Equal(t, []string{"state", "snapshot_complete"}, events, "the released lock's state, then the marker")
+	assert.Equal(t, key+"/lock", watch[0]["key"])
+}
