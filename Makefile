@@ -10,7 +10,7 @@ BUF := npx --no-install buf
 PYTHON := /usr/bin/python3
 DEB_PACKAGES := protobuf-compiler protobuf-compiler-grpc python3-grpcio python3-protobuf python3-pytest
 
-.PHONY: all run test test-go test-race test-clients test-java test-python test-node lint generate check-generate breaking \
+.PHONY: all run test test-go test-race test-clients test-java test-conformance-go test-python test-node lint generate check-generate breaking \
 	consul broker lockctl deps deps-npm deps-deb deps-node bench chaos clean
 
 all: broker lockctl
@@ -78,7 +78,7 @@ lint: deps-npm
 
 ## Tests ------------------------------------------------------------------
 
-test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-clients test-java
+test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-clients test-java test-conformance-go
 
 test-go: consul
 	$(GO) test -count=1 -timeout 25m ./...
@@ -95,6 +95,12 @@ client/node/node_modules/.package-lock.json: client/node/package.json client/nod
 test-clients: consul broker deps-deb client/node/node_modules/.package-lock.json
 	LOCKBROKER_BIN=$(CURDIR)/bin/broker $(PYTHON) -m pytest -q client/python/tests test/conformance/python
 	LOCKBROKER_BIN=$(CURDIR)/bin/broker node --test client/node/test/ test/conformance/node/
+
+# Conformance S5 with every language at once (Go, Python, Node, Java):
+# needs client/node's packages and the Java CLI's build.
+test-conformance-go: consul deps-deb client/node/node_modules/.package-lock.json
+	$(MAKE) -C client/java build test-compile examples
+	LOCKBROKER_S5_REQUIRE=all $(GO) test -count=1 -v -run 'TestS5CrossLanguage' ./test/conformance/go/
 
 # The Java client (client/java: Debian's OpenJDK and jars, installed on
 # first use).

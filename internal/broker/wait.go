@@ -79,6 +79,7 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		case <-h.b.shutdown:
 			return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
 		case <-timeout:
+			h.b.fillTokens(ctx, st)
 			return nil, holdersError(ErrTimeout, ReasonWaitTimeout, st)
 		case err := <-failed:
 			return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
@@ -140,6 +141,7 @@ func (w *waiter) attempt(ctx context.Context, st *State) (*Sequencer, time.Durat
 	if st != nil && !h.turn(st) {
 		// Older waiters of this replica go first: no Consul call.
 		if h.tryOnce() {
+			h.b.fillTokens(ctx, st)
 			return nil, 0, false, holdersError(ErrBusy, ReasonLockHeld, st)
 		}
 		return nil, 0, false, nil
@@ -180,6 +182,7 @@ func (w *waiter) attempt(ctx context.Context, st *State) (*Sequencer, time.Durat
 	case err != nil:
 		return nil, 0, false, err
 	case h.tryOnce():
+		h.b.fillTokens(ctx, st)
 		return nil, 0, false, holdersError(ErrBusy, ReasonLockHeld, st)
 	}
 	return nil, 0, false, nil
