@@ -188,22 +188,24 @@ class Consul(_Process):
 class Broker(_Process):
     """One broker replica on free loopback ports, using `consul`."""
 
-    def __init__(self, consul, log_dir, name):
+    def __init__(self, consul, log_dir, name, args=()):
         super().__init__(name, log_dir)
         self.consul = consul
+        self.args = list(args)
         self.addr = None
+        self.http_addr = None
 
     def start(self):
         binary = broker_binary()
         last = ""
         for _ in range(START_ATTEMPTS):
             grpc_port, http_port = free_ports(2)
-            self.addr = f"127.0.0.1:{grpc_port}"
+            self.addr, self.http_addr = f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}"
             env = dict(os.environ, CONSUL_HTTP_ADDR=self.consul.addr)
             env.pop("CONSUL_HTTP_TOKEN", None)
-            self._spawn([binary, "--listen", self.addr, "--http-listen", f"127.0.0.1:{http_port}",
-                         "--drain-timeout", "3s"], env=env)
-            last = self._wait_ready()
+            self._spawn([binary, "--listen", self.addr, "--http-listen", self.http_addr,
+                         "--drain-timeout", "3s", *self.args], env=env)
+            last = self._wait_healthz() if self.args else self._wait_ready()
             if last is None:
                 return self
             self.stop()
@@ -228,6 +230,25 @@ class Broker(_Process):
                 time.sleep(0.1)
         return f"not ready after {READY_TIMEOUT:.0f}s ({last})"
 
+    def _wait_healthz(self):
+        """Readiness of a broker started with flags (TLS, tenants), whose
+        gRPC port a plaintext client without identity cannot use: /healthz
+        on its HTTP port answers 200 (it serves, and Consul has a leader)."""
+        end = time.monotonic() + READY_TIMEOUT
+        last = "nothing tried"
+        while time.monotonic() < end:
+            if not self.alive():
+                return f"exited with {self.proc.returncode}"
+            try:
+                with urllib.request.urlopen(f"http://{self.http_addr}/healthz", timeout=2) as resp:
+                    if resp.status == 200:
+                        return None
+                    last = f"/healthz: {resp.status}"
+            except OSError as e:
+                last = str(e)
+            time.sleep(0.05)
+        return f"not ready after {READY_TIMEOUT:.0f}s ({last})"
+
     def help_text(self):
         r = subprocess.run([broker_binary(), "--help"], capture_output=True, text=True, timeout=30)
         return r.stdout + r.stderr
@@ -241,8 +262,10 @@ class Cluster:
         self.consul = Consul(self.log_dir).start()
         self.brokers = []
 
-    def broker(self, name=None):
-        b = Broker(self.consul, self.log_dir, name or f"broker-{len(self.brokers)}")
+    def broker(self, name=None, args=()):
+        """Starts a replica; `args` are more broker flags (then readiness is
+        /healthz on the HTTP port, not a plaintext gRPC call)."""
+        b = Broker(self.consul, self.log_dir, name or f"broker-{len(self.brokers)}", args)
         self.brokers.append(b)
         return b.start()
 

@@ -8,8 +8,14 @@ The library comes from client/python (put first on sys.path here, so the
 generated top-level package in gen/python cannot shadow it).
 """
 
+import hashlib
 import os
+import re
+import secrets
+import shutil
 import sys
+import tempfile
+import types
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -21,6 +27,7 @@ import pytest  # noqa: E402
 
 import cluster as cluster_mod  # noqa: E402
 import lockbroker  # noqa: E402
+import pki as pki_mod  # noqa: E402
 
 assert os.path.dirname(lockbroker.__file__).startswith(os.path.join(REPO, "client", "python")), lockbroker.__file__
 
@@ -54,6 +61,39 @@ def broker(cluster):
     return cluster.broker("shared")
 
 
+@pytest.fixture(scope="session")
+def secure(cluster):
+    """S7's brokers, on the shared Consul: `tls` serves TLS with a server
+    certificate of a CA made here; `mtls` also requires a client certificate
+    of that CA. Both read one tenants file: tenant `payments` (prefix
+    `payments/`) is the bearer `token` and `cn:payments-api`, the client
+    certificate's Common Name. Also `pki` (the PEM paths, `other_ca` a CA
+    that signed nothing here)."""
+    d = tempfile.mkdtemp(prefix="lockbroker-conformance-s7-")
+    try:
+        pki = pki_mod.PKI(d, client_cn="payments-api")
+        token = secrets.token_hex(32)
+        tenants = os.path.join(d, "tenants.yaml")
+        with open(tenants, "w", encoding="utf-8") as f:
+            f.write("tenants:\n"
+                    "  - name: payments\n"
+                    f'    identities: ["token-sha256:{hashlib.sha256(token.encode()).hexdigest()}", '
+                    f'"cn:{pki.client_cn}"]\n'
+                    '    prefixes: ["payments/"]\n')
+        flags = ["--tls-cert", pki.server_cert, "--tls-key", pki.server_key, "--tenants", tenants]
+        tls = cluster.broker("s7-tls", args=flags)
+        mtls = cluster.broker("s7-mtls", args=flags + ["--tls-client-ca", pki.ca])
+    except (RuntimeError, cluster_mod.SetupError) as e:
+        shutil.rmtree(d, ignore_errors=True)
+        pytest.fail(f"S7 setup: {e}")
+    try:
+        yield types.SimpleNamespace(pki=pki, token=token, tls=tls, mtls=mtls)
+    finally:
+        tls.stop()
+        mtls.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture
 def client(broker):
     with lockbroker.Client(broker.addr) as c:
@@ -71,6 +111,21 @@ def other(broker):
 def key(request):
     name = request.node.name.replace("[", "-").replace("]", "")
     return f"conformance/py/{name}/{uuid.uuid4().hex[:8]}"
+
+
+_SCENARIO_TEST = re.compile(r"^test_(aio_)?s\d+_")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Every scenario runs: a scenario test that skips (an id scenarios.md
+    lists, S7 included) is reported as failed, with the skip's reason."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and _SCENARIO_TEST.match(item.name) and not hasattr(rep, "wasxfail"):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = f"scenario tests must run, not skip: {reason}"
 
 
 def pytest_terminal_summary(terminalreporter):

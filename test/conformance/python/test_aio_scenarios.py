@@ -2,13 +2,16 @@
 
 S3 (a stopped broker) is run by the blocking API only: the deadline code
 path it checks is also what ends S4 here, and each costs a TTL of waiting.
-S5 runs CLI processes and S7 skips: both are language-level, not API-level.
+S5 runs CLI processes (language-level, not API-level). S7 runs here too:
+grpc.aio makes its own secure channels.
 """
 
 import asyncio
 import signal
 import time
+import uuid
 
+import grpc
 import pytest
 
 import lockbroker
@@ -122,3 +125,42 @@ def test_aio_s6_watch_holder_then_none(broker, key):
                 st = await asyncio.wait_for(until(lambda st: not st.held), 5)
                 assert st.holders == ()
     run(main())
+
+
+def test_aio_s7_tls_and_token(secure):
+    pki, token = secure.pki, secure.token
+    tag = uuid.uuid4().hex[:8]
+    key, outside = f"payments/py-aio/{tag}", f"orders/py-aio/{tag}"
+    TLS = lockbroker.TLS
+    mtls_opts = TLS(ca=pki.ca, cert=pki.client_cert, key=pki.client_key)
+
+    async def main():
+        last = 0
+        for what, addr, opts in (("TLS", secure.tls.addr, TLS(ca=pki.ca)), ("mTLS", secure.mtls.addr, mtls_opts)):
+            async with aio.Client(addr, tls=opts, token=token, timeout=5) as c:
+                lease = await c.lock(key, value=b"s7", wait=5)
+                assert lease.token > last, what
+                last = lease.token
+                state = await c.get_lock(key)
+                assert [(h.session_id, h.value) for h in state.holders] == [(lease.session_id, b"s7")], what
+                assert await lease.release() is True, what
+                assert not lease.lost.is_set() and lease.released, what
+                assert not (await c.get_lock(key)).holders, what
+                with pytest.raises(lockbroker.PermissionDenied) as denied:
+                    await c.lock(outside, wait=5)
+                assert denied.value.reason == "PERMISSION_DENIED", (what, denied.value)
+                assert outside in denied.value.message and denied.value.metadata.get("key") == outside, what
+
+        async with aio.Client(secure.tls.addr, tls=TLS(ca=pki.ca), timeout=5) as c:
+            with pytest.raises(lockbroker.Unauthenticated) as unauth:
+                await c.lock(key, wait=5)
+            assert unauth.value.code == grpc.StatusCode.UNAUTHENTICATED
+            assert unauth.value.reason == "UNAUTHENTICATED", unauth.value
+
+        for what, addr, opts in (("another CA", secure.tls.addr, TLS(ca=pki.other_ca)),
+                                 ("mTLS without a client certificate", secure.mtls.addr, TLS(ca=pki.ca))):
+            async with aio.Client(addr, tls=opts, token=token, timeout=5) as c:
+                with pytest.raises(lockbroker.Unavailable) as unavailable:
+                    await c.lock(key, wait=5)
+                assert unavailable.value.code == grpc.StatusCode.UNAVAILABLE, (what, unavailable.value)
+    run(main(), timeout=30)

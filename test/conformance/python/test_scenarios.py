@@ -13,7 +13,9 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 
+import grpc
 import pytest
 
 import lockbroker
@@ -332,10 +334,66 @@ def test_s6_watch_holder_then_none(client, other, key):
 # -- S7 -------------------------------------------------------------------
 
 
-def test_s7_tls_and_token(cluster):
-    import cluster as cluster_mod
-    r = subprocess.run([cluster_mod.broker_binary(), "--help"], capture_output=True, text=True, timeout=30)
-    help_text = (r.stdout + r.stderr).lower()
-    if "tls" not in help_text or "token" not in help_text:
-        pytest.skip("S7: the broker has no TLS/token options yet (security issue not landed)")
-    pytest.skip("S7: broker TLS/token flags exist; this runner does not drive them yet")
+def s7_keys():
+    """A key of tenant payments (prefix payments/) and one outside it."""
+    tag = uuid.uuid4().hex[:8]
+    return f"payments/py/{tag}", f"orders/py/{tag}"
+
+
+def test_s7_tls_and_token(secure, figure):
+    pki, token, tls, mtls = secure.pki, secure.token, secure.tls, secure.mtls
+    key, outside = s7_keys()
+    TLS = lockbroker.TLS
+
+    # TLS with the CA and the token; mTLS with the token; mTLS alone (the
+    # certificate's cn:payments-api is the identity): lock and release.
+    setups = (("TLS and token", tls.addr, TLS(ca=pki.ca), token),
+              ("mTLS and token", mtls.addr, TLS(ca=pki.ca, cert=pki.client_cert, key=pki.client_key), token),
+              ("mTLS without token", mtls.addr, TLS(ca=pki.ca, cert=pki.client_cert, key=pki.client_key), None))
+    last = 0
+    for what, addr, opts, tok in setups:
+        with lockbroker.Client(addr, tls=opts, token=tok, timeout=5) as c:
+            t0 = time.monotonic()
+            lease = c.lock(key, value=b"s7", wait=5)
+            figure(f"S7 lock over {what}", time.monotonic() - t0)
+            assert lease.token > last, what
+            last = lease.token
+            state = c.get_lock(key)
+            assert [(h.session_id, h.value) for h in state.holders] == [(lease.session_id, b"s7")], what
+            assert lease.release() is True, what
+            assert not lease.lost.is_set() and lease.released, what
+            assert not c.get_lock(key).holders, what
+
+            # A key outside the tenant's prefixes: PERMISSION_DENIED naming it.
+            with pytest.raises(lockbroker.PermissionDenied) as denied:
+                c.lock(outside, wait=5)
+            assert denied.value.code == grpc.StatusCode.PERMISSION_DENIED, what
+            assert denied.value.reason == "PERMISSION_DENIED", (what, denied.value)
+            assert outside in denied.value.message and denied.value.metadata.get("key") == outside, (what, denied.value)
+
+    # TLS without a token (and without a certificate), or with a token the
+    # tenants file does not know: UNAUTHENTICATED.
+    for what, tok in (("no token", None), ("an unknown token", "not-" + token)):
+        with lockbroker.Client(tls.addr, tls=TLS(ca=pki.ca), token=tok, timeout=5) as c:
+            with pytest.raises(lockbroker.Unauthenticated) as unauth:
+                c.lock(key, wait=5)
+            assert unauth.value.code == grpc.StatusCode.UNAUTHENTICATED, (what, unauth.value)
+            assert unauth.value.reason == "UNAUTHENTICATED", (what, unauth.value)
+            print(f"S7 with {what}: {unauth.value}")
+
+    # Without the CA (system roots), with another CA, in plaintext, or
+    # without the client certificate mTLS asks for: no connection.
+    refused = (("system roots, not the CA", tls.addr, True),
+               ("another CA", tls.addr, TLS(ca=pki.other_ca)),
+               ("plaintext", tls.addr, None),
+               ("mTLS without a client certificate", mtls.addr, TLS(ca=pki.ca)))
+    for what, addr, opts in refused:
+        with lockbroker.Client(addr, tls=opts, token=token, timeout=5) as c:
+            t0 = time.monotonic()
+            with pytest.raises(lockbroker.Unavailable) as unavailable:
+                c.lock(key, wait=5)
+            figure(f"S7 refused connection ({what}) after", time.monotonic() - t0)
+            assert unavailable.value.code == grpc.StatusCode.UNAVAILABLE, (what, unavailable.value)
+            print(f"S7 with {what}: {unavailable.value}")
+    with lockbroker.Client(tls.addr, tls=TLS(ca=pki.ca), token=token, timeout=5) as c:
+        assert not c.get_lock(key).holders, "nothing was held through a refused connection"
