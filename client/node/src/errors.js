@@ -173,10 +173,29 @@ export function parseDetails(details) {
   return out;
 }
 
+// Node's codes for a TLS handshake that failed: OpenSSL's (ERR_SSL_...),
+// Node's (ERR_TLS_...) and X.509 verification's (UNABLE_TO_VERIFY_LEAF_SIGNATURE,
+// SELF_SIGNED_CERT_IN_CHAIN, CERT_HAS_EXPIRED, ...).
+const TLS_FAILURE = /^(ERR_SSL_|ERR_TLS_|UNABLE_TO_)|CERT|^(INVALID_CA|INVALID_PURPOSE|PATH_LENGTH_EXCEEDED|HOSTNAME_MISMATCH)$/;
+
+function tlsFailure(err) {
+  for (let e = err, i = 0; e instanceof Error && i < 8; e = e.cause, i++) {
+    if (typeof e.code === "string" && TLS_FAILURE.test(e.code)) return true;
+  }
+  return false;
+}
+
 /** The LockbrokerError for any error a call threw. */
 export function fromError(err) {
   if (err instanceof LockbrokerError) return err;
   const ce = ConnectError.from(err);
+  // connect-node reports a failed TLS handshake (the broker's certificate
+  // does not verify, or the broker wants a client certificate) as INTERNAL;
+  // it is a broker that cannot be reached as configured: UNAVAILABLE, as
+  // gRPC's own clients say, so another replica is tried.
+  if (ce.code === Code.Internal && tlsFailure(err)) {
+    return new UnavailableError(`TLS handshake failed: ${ce.rawMessage}`, { code: Code.Unavailable, cause: err });
+  }
   const opts = parseDetails(ce.details);
   let cls = opts.domain === undefined || opts.domain === DOMAIN ? BY_REASON[opts.reason] : undefined;
   cls ??= BY_CODE[ce.code] ?? InternalError;

@@ -187,9 +187,12 @@ export class Consul extends Proc {
 }
 
 export class Broker extends Proc {
-  constructor(consul, logDir, name) {
+  // args: more broker flags (TLS, tenants); then readiness is /healthz on
+  // the HTTP port, not a plaintext gRPC call.
+  constructor(consul, logDir, name, args = []) {
     super(name, logDir);
     this.consul = consul;
+    this.args = args;
   }
 
   async start() {
@@ -198,10 +201,11 @@ export class Broker extends Proc {
     for (let attempt = 0; attempt < START_ATTEMPTS; attempt++) {
       const [grpcPort, httpPort] = await freePorts(2);
       this.addr = `127.0.0.1:${grpcPort}`;
+      this.httpAddr = `127.0.0.1:${httpPort}`;
       const env = { ...process.env, CONSUL_HTTP_ADDR: this.consul.addr };
       delete env.CONSUL_HTTP_TOKEN;
-      this.spawn(bin, ["--listen", this.addr, "--http-listen", `127.0.0.1:${httpPort}`, "--drain-timeout", "3s"], env);
-      last = await this.waitReady();
+      this.spawn(bin, ["--listen", this.addr, "--http-listen", this.httpAddr, "--drain-timeout", "3s", ...this.args], env);
+      last = await (this.args.length ? this.waitHealthz() : this.waitReady());
       if (last === undefined) return this;
       await this.stop();
       if (!this.logTail().includes("address already in use")) break;
@@ -230,6 +234,26 @@ export class Broker extends Proc {
     }
     return `not ready after ${READY_TIMEOUT_MS / 1000}s (${last})`;
   }
+
+  // Readiness of a broker whose gRPC port needs TLS or an identity:
+  // /healthz answers 200 (it serves, and Consul has a leader).
+  async waitHealthz() {
+    const end = Date.now() + READY_TIMEOUT_MS;
+    let last = "nothing tried";
+    while (Date.now() < end) {
+      if (!this.alive()) return `exited ${JSON.stringify(this.exit)}`;
+      try {
+        const resp = await fetch(`http://${this.httpAddr}/healthz`, { signal: AbortSignal.timeout(2000) });
+        await resp.arrayBuffer();
+        if (resp.ok) return undefined;
+        last = `/healthz: ${resp.status}`;
+      } catch (e) {
+        last = e.message;
+      }
+      await sleep(50);
+    }
+    return `not ready after ${READY_TIMEOUT_MS / 1000}s (${last})`;
+  }
 }
 
 export class Cluster {
@@ -240,8 +264,8 @@ export class Cluster {
     return this;
   }
 
-  async broker(name) {
-    const b = new Broker(this.consul, this.logDir, name ?? `broker-${this.brokers.length}`);
+  async broker(name, args = []) {
+    const b = new Broker(this.consul, this.logDir, name ?? `broker-${this.brokers.length}`, args);
     this.brokers.push(b);
     return b.start();
   }

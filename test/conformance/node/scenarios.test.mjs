@@ -8,19 +8,25 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, test } from "node:test";
-import { randomUUID } from "node:crypto";
+import { createHash, randomBytes, randomUUID } from "node:crypto";
 
 import {
+  CancelledError,
   Client,
   LockHeldError,
   LockLostError,
+  PermissionDeniedError,
+  UnauthenticatedError,
+  UnavailableError,
   WaitTimeoutError,
 } from "../../../client/node/src/index.js";
-import { Cluster, REPO, brokerBinary, sleep } from "./cluster.mjs";
+import { Cluster, REPO, sleep } from "./cluster.mjs";
+import { makePKI } from "./pki.mjs";
 
 const cluster = new Cluster();
 let shared;
@@ -62,9 +68,16 @@ async function withClients(fn) {
 }
 
 const SCENARIO_TESTS = new Set();
+// Every scenario runs: one that skips (S7 included) fails with the reason.
 function scenario(id, name, fn, opts = {}) {
+  assert.ok(!opts.skip && !opts.todo, `${id} may not be skipped`);
   SCENARIO_TESTS.add(id);
-  test(`${id} ${name}`, opts, fn);
+  test(`${id} ${name}`, opts, (t) => {
+    t.skip = (why) => {
+      throw new Error(`${id} must run, not skip: ${why}`);
+    };
+    return fn(t);
+  });
 }
 
 test("every scenario in scenarios.md has a Node test", () => {
@@ -329,17 +342,137 @@ scenario("S6", "watch shows the holder, then explicit none", () =>
   }),
 );
 
-scenario("S7", "TLS and token options", async (t) => {
-  const { execFileSync } = await import("node:child_process");
-  let help = "";
+// S7's brokers, on the shared Consul: `tls` serves TLS with a server
+// certificate of a CA made here; `mtls` also requires a client certificate of
+// that CA. One tenants file: tenant payments (prefix payments/) is the bearer
+// token and cn:payments-api, the client certificate's Common Name.
+async function secureBrokers() {
+  const dir = mkdtempSync(join(tmpdir(), "lockbroker-conformance-node-s7-"));
+  const pki = makePKI(dir, "payments-api");
+  const token = randomBytes(32).toString("hex");
+  const tenants = join(dir, "tenants.yaml");
+  writeFileSync(
+    tenants,
+    "tenants:\n  - name: payments\n" +
+      `    identities: ["token-sha256:${createHash("sha256").update(token).digest("hex")}", "cn:${pki.clientCN}"]\n` +
+      '    prefixes: ["payments/"]\n',
+    { mode: 0o600 },
+  );
+  const flags = ["--tls-cert", pki.serverCert, "--tls-key", pki.serverKey, "--tenants", tenants];
+  const brokers = [];
+  const stop = async () => {
+    for (const b of brokers) await b.stop();
+    rmSync(dir, { recursive: true, force: true });
+  };
   try {
-    help = execFileSync(brokerBinary(), ["--help"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+    brokers.push(await cluster.broker("s7-tls", flags));
+    brokers.push(await cluster.broker("s7-mtls", [...flags, "--tls-client-ca", pki.ca]));
   } catch (e) {
-    help = `${e.stdout ?? ""}${e.stderr ?? ""}`;
+    await stop();
+    throw e;
   }
-  if (!/tls/i.test(help) || !/token/i.test(help)) {
-    t.skip("S7: the broker has no TLS/token options yet (security issue not landed)");
-    return;
+  const pem = (f) => readFileSync(f);
+  return { pki, pem, token, tls: brokers[0], mtls: brokers[1], stop };
+}
+
+async function withClient(addr, opts, fn) {
+  const c = new Client(addr, { timeoutMs: 5000, ...opts });
+  try {
+    return await fn(c);
+  } finally {
+    await c.close();
   }
-  t.skip("S7: broker TLS/token flags exist; this runner does not drive them yet");
+}
+
+scenario("S7", "TLS and token options", async () => {
+  const s = await secureBrokers();
+  try {
+    const { pki, pem, token } = s;
+    const tag = randomUUID().slice(0, 8);
+    const k = `payments/node/${tag}`;
+    const outside = `orders/node/${tag}`;
+    const mtlsOpts = { ca: pem(pki.ca), cert: pem(pki.clientCert), key: pem(pki.clientKey) };
+
+    // TLS with the CA and the token; mTLS with the token; mTLS alone (the
+    // certificate's cn:payments-api is the identity): lock and release.
+    const setups = [
+      ["TLS and token", s.tls.addr, { tls: { ca: pem(pki.ca) }, token }],
+      ["mTLS and token", s.mtls.addr, { tls: mtlsOpts, token }],
+      ["mTLS without token", s.mtls.addr, { tls: mtlsOpts }],
+    ];
+    let last = 0n;
+    for (const [what, addr, opts] of setups) {
+      await withClient(addr, opts, async (c) => {
+        const t0 = performance.now();
+        const lease = await c.lock(k, { value: "s7", wait: 5 });
+        figure(`S7 lock over ${what}`, (performance.now() - t0) / 1000);
+        assert.ok(lease.token > last, what);
+        last = lease.token;
+        const state = await c.getLock(k);
+        assert.deepEqual(state.holders.map((h) => [h.sessionId, Buffer.from(h.value).toString()]), [[lease.sessionId, "s7"]], what);
+        assert.equal(await lease.release(), true, what);
+        assert.equal(lease.lost, false, what);
+        assert.equal(lease.released, true, what);
+        assert.equal((await c.getLock(k)).holders.length, 0, what);
+
+        // A key outside the tenant's prefixes: PERMISSION_DENIED naming it.
+        await assert.rejects(c.lock(outside, { wait: 5 }), (e) => {
+          assert.ok(e instanceof PermissionDeniedError, `${what}: ${e}`);
+          assert.equal(e.codeName, "PermissionDenied", what);
+          assert.equal(e.reason, "PERMISSION_DENIED", what);
+          assert.ok(e.message.includes(outside), `${what}: ${e.message}`);
+          assert.equal(e.metadata.key, outside, what);
+          return true;
+        });
+      });
+    }
+
+    // TLS without a token (and without a certificate), or with a token the
+    // tenants file does not know: UNAUTHENTICATED.
+    for (const [what, tok] of [["no token", undefined], ["an unknown token", `not-${token}`]]) {
+      await withClient(s.tls.addr, { tls: { ca: pem(pki.ca) }, token: tok }, async (c) => {
+        await assert.rejects(c.lock(k, { wait: 5 }), (e) => {
+          assert.ok(e instanceof UnauthenticatedError, `${what}: ${e}`);
+          assert.equal(e.codeName, "Unauthenticated", what);
+          assert.equal(e.reason, "UNAUTHENTICATED", what);
+          console.log(`S7 with ${what}: ${e.name}: ${e.message}`);
+          return true;
+        });
+      });
+    }
+
+    // Without the CA (system roots), with another CA, or without the
+    // client certificate mTLS asks for: no connection (UNAVAILABLE).
+    const refused = [
+      ["system roots, not the CA", s.tls.addr, { tls: true, token }],
+      ["another CA", s.tls.addr, { tls: { ca: pem(pki.otherCA) }, token }],
+      ["mTLS without a client certificate", s.mtls.addr, { tls: { ca: pem(pki.ca) }, token }],
+    ];
+    for (const [what, addr, opts] of refused) {
+      await withClient(addr, opts, async (c) => {
+        const t0 = performance.now();
+        await assert.rejects(c.lock(k, { wait: 5 }), (e) => {
+          assert.ok(e instanceof UnavailableError, `${what}: ${e?.name}: ${e?.message} (code ${e?.codeName})`);
+          assert.equal(e.codeName, "Unavailable", what);
+          console.log(`S7 with ${what}: ${e.name}: ${e.message}`);
+          return true;
+        });
+        figure(`S7 refused connection (${what}) after`, (performance.now() - t0) / 1000);
+      });
+    }
+    // Plaintext to the TLS port: refused too. connect-node sees the broker
+    // close the connection before any answer and reports CANCELED.
+    await withClient(s.tls.addr, { token }, async (c) => {
+      await assert.rejects(c.lock(k, { wait: 5 }), (e) => {
+        assert.ok(e instanceof UnavailableError || e instanceof CancelledError, `plaintext: ${e?.name}: ${e?.message}`);
+        console.log(`S7 with plaintext: ${e.name}: ${e.message}`);
+        return true;
+      });
+    });
+    await withClient(s.tls.addr, { tls: { ca: pem(pki.ca) }, token }, async (c) => {
+      assert.equal((await c.getLock(k)).holders.length, 0, "nothing was held through a refused connection");
+    });
+  } finally {
+    await s.stop();
+  }
 });
