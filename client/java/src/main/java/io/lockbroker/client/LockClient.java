@@ -2,10 +2,20 @@ package io.lockbroker.client;
 
 import com.google.common.util.concurrent.MoreExecutors;
 import com.google.protobuf.ByteString;
+import io.grpc.CallOptions;
+import io.grpc.Channel;
+import io.grpc.ChannelCredentials;
+import io.grpc.ClientCall;
+import io.grpc.ClientInterceptor;
+import io.grpc.ForwardingClientCall;
+import io.grpc.Grpc;
 import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
+import io.grpc.Metadata;
+import io.grpc.MethodDescriptor;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
+import io.grpc.TlsChannelCredentials;
 import io.lockbroker.v1.AcquireRequest;
 import io.lockbroker.v1.AcquireResponse;
 import io.lockbroker.v1.CheckSequencerRequest;
@@ -17,6 +27,9 @@ import io.lockbroker.v1.ReleaseRequest;
 import io.lockbroker.v1.Sequencer;
 import io.lockbroker.v1.SetValueRequest;
 import io.lockbroker.v1.WatchRequest;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
@@ -59,6 +72,8 @@ import java.util.function.Function;
 public final class LockClient implements AutoCloseable {
   /** Extra time lock() waits past a bounded wait before giving up locally. */
   private static final long LOCAL_WAIT_GRACE_NANOS = TimeUnit.SECONDS.toNanos(10);
+  private static final Metadata.Key<String> AUTHORIZATION =
+      Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
 
   private final List<String> targets;
   private final List<ManagedChannel> channels = new ArrayList<>();
@@ -78,9 +93,14 @@ public final class LockClient implements AutoCloseable {
     this.scheduler = new ScheduledThreadPoolExecutor(1, daemon("lockbroker-timer"));
     this.scheduler.setRemoveOnCancelPolicy(true);
     this.pool = Executors.newCachedThreadPool(daemon("lockbroker-callback"));
+    ChannelCredentials creds = b.tls ? tlsCredentials(b) : null;
     for (String t : targets) {
-      ManagedChannelBuilder<?> cb = ManagedChannelBuilder.forTarget(t).usePlaintext()
-          .maxInboundMessageSize(16 << 20);
+      ManagedChannelBuilder<?> cb = creds == null ? ManagedChannelBuilder.forTarget(t).usePlaintext()
+          : tlsChannel(t, creds);
+      cb.maxInboundMessageSize(16 << 20);
+      if (b.token != null) {
+        cb.intercept(new BearerToken(b.token));
+      }
       if (b.configurer != null) {
         b.configurer.accept(cb);
       }
@@ -89,6 +109,51 @@ public final class LockClient implements AutoCloseable {
       async.add(LockServiceGrpc.newStub(ch));
       blocking.add(LockServiceGrpc.newBlockingStub(ch));
     }
+  }
+
+  /** Adds {@code authorization: Bearer <token>} to every call's headers. */
+  private static final class BearerToken implements ClientInterceptor {
+    private final Metadata headers = new Metadata();
+
+    BearerToken(String token) {
+      headers.put(AUTHORIZATION, "Bearer " + token);
+    }
+
+    @Override
+    public <Q, R> ClientCall<Q, R> interceptCall(MethodDescriptor<Q, R> method, CallOptions options, Channel next) {
+      return new ForwardingClientCall.SimpleForwardingClientCall<Q, R>(next.newCall(method, options)) {
+        @Override
+        public void start(Listener<R> listener, Metadata h) {
+          h.merge(headers);
+          super.start(listener, h);
+        }
+      };
+    }
+  }
+
+  private static ManagedChannelBuilder<?> tlsChannel(String target, ChannelCredentials creds) {
+    try {
+      return Grpc.newChannelBuilder(target, creds);
+    } catch (UnsupportedOperationException e) {
+      // Debian's netty 4.1.48: its JDK provider has no ALPN, which gRPC needs.
+      throw new IllegalStateException("TLS needs ALPN, which this netty offers only through OpenSSL: put "
+          + "netty-tcnative on the class path (see client/java/README.md): " + e.getMessage(), e);
+    }
+  }
+
+  private static ChannelCredentials tlsCredentials(Builder b) {
+    TlsChannelCredentials.Builder tb = TlsChannelCredentials.newBuilder();
+    try {
+      if (b.caCert != null) {
+        tb.trustManager(b.caCert.toFile());
+      }
+      if (b.clientCert != null) {
+        tb.keyManager(b.clientCert.toFile(), b.clientKey.toFile());
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException("lockbroker TLS files: " + e.getMessage(), e);
+    }
+    return tb.build();
   }
 
   private static ThreadFactory daemon(String name) {
@@ -111,6 +176,11 @@ public final class LockClient implements AutoCloseable {
     private Duration lossMargin = Duration.ofMillis(250);
     private Duration callTimeout = Duration.ofSeconds(5);
     private Consumer<ManagedChannelBuilder<?>> configurer;
+    private boolean tls;
+    private Path caCert;
+    private Path clientCert;
+    private Path clientKey;
+    private String token;
 
     private Builder() {}
 
@@ -156,10 +226,50 @@ public final class LockClient implements AutoCloseable {
       return this;
     }
 
+    /** TLS to the brokers, trusting the system's CAs (default: plaintext). */
+    public Builder tls() {
+      tls = true;
+      return this;
+    }
+
+    /**
+     * TLS to the brokers, trusting only the CA certificates in caCert (a PEM
+     * file) for the brokers' certificates.
+     */
+    public Builder tls(Path caCert) {
+      this.caCert = Objects.requireNonNull(caCert);
+      return tls();
+    }
+
+    /**
+     * mTLS: TLS as {@link #tls(Path)} (caCert null: the system's CAs), and
+     * this client certificate chain and its private key (PEM files; the key
+     * in PKCS#8, {@code BEGIN PRIVATE KEY}) for brokers that ask for one.
+     * The broker knows the caller as {@code cn:<Common Name>} or
+     * {@code uri:<URI SAN>} of the certificate.
+     */
+    public Builder tls(Path caCert, Path clientCert, Path clientKey) {
+      this.caCert = caCert;
+      this.clientCert = Objects.requireNonNull(clientCert);
+      this.clientKey = Objects.requireNonNull(clientKey);
+      return tls();
+    }
+
+    /**
+     * Sends token as {@code authorization: Bearer <token>} on every call (the
+     * broker knows the caller as {@code token-sha256:<hex>}). Use it with TLS
+     * anywhere but loopback.
+     */
+    public Builder token(String token) {
+      this.token = token == null || token.isEmpty() ? null : token;
+      return this;
+    }
+
     /**
      * Adjusts each replica's channel builder after the client's defaults
-     * (plaintext, 16 MiB inbound messages): transport security, interceptors,
-     * keepalive (the broker must permit the ping rate).
+     * (plaintext unless {@link #tls()}, 16 MiB inbound messages, the token):
+     * interceptors, keepalive (the broker must permit the ping rate), or
+     * transport security of your own when no {@code tls} option is set.
      */
     public Builder channelConfigurer(Consumer<ManagedChannelBuilder<?>> configurer) {
       this.configurer = configurer;

@@ -7,15 +7,19 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 
+import io.grpc.Status;
 import io.lockbroker.client.Lease;
 import io.lockbroker.client.LockClient;
 import io.lockbroker.client.LockHeldException;
 import io.lockbroker.client.LockLostException;
 import io.lockbroker.client.LockOptions;
 import io.lockbroker.client.LockWatch;
+import io.lockbroker.client.PermissionDeniedException;
+import io.lockbroker.client.UnavailableException;
 import io.lockbroker.client.WaitTimeoutException;
 import io.lockbroker.testing.Broker;
 import io.lockbroker.testing.Cluster;
+import io.lockbroker.testing.Pki;
 import io.lockbroker.v1.Holder;
 import io.lockbroker.v1.LockKind;
 import io.lockbroker.v1.LockState;
@@ -24,13 +28,18 @@ import java.lang.reflect.Method;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.security.MessageDigest;
+import java.security.SecureRandom;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.HexFormat;
 import java.util.List;
-import java.util.Locale;
+import java.util.Map;
 import java.util.Optional;
 import java.util.Set;
 import java.util.TreeSet;
+import java.util.UUID;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
@@ -42,6 +51,10 @@ import java.util.regex.Pattern;
 import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
+import org.junit.jupiter.api.extension.ExtendWith;
+import org.junit.jupiter.api.extension.ExtensionContext;
+import org.junit.jupiter.api.extension.TestExecutionExceptionHandler;
+import org.opentest4j.TestAbortedException;
 
 /**
  * The conformance scenarios of test/conformance/scenarios.md, Java runner.
@@ -50,6 +63,7 @@ import org.junit.jupiter.api.Timeout;
  * processes only: a Consul dev agent and broker binaries.
  */
 @Timeout(value = 120, unit = TimeUnit.SECONDS)
+@ExtendWith(ConformanceTest.ScenariosMustRun.class)
 class ConformanceTest {
   private static final Duration TTL = Duration.ofSeconds(10);
 
@@ -351,21 +365,127 @@ class ConformanceTest {
 
   // ---------------------------------------------------------------- S7
 
+  /**
+   * S7's brokers, on the shared Consul: one serves TLS with a server
+   * certificate of a CA made here, the other also requires a client
+   * certificate of that CA. One tenants file: tenant payments (prefix
+   * payments/) is the bearer token and cn:payments-api, the client
+   * certificate's Common Name.
+   */
   @Test
   void s7_tlsAndToken() throws Exception {
-    String help = brokerHelp().toLowerCase(Locale.ROOT);
-    boolean tls = Pattern.compile("(?m)^\\s+--?tls").matcher(help).find();
-    boolean token = Pattern.compile("(?m)^\\s+--?[a-z-]*token").matcher(help).find();
-    Assumptions.assumeTrue(tls && token,
-        "S7: the broker has no TLS/token options yet (security issue not landed)");
-    Assumptions.abort("S7: broker TLS/token flags exist; this runner does not drive them yet");
+    Path dir = Files.createTempDirectory("lockbroker-java-s7-");
+    try {
+      Pki pki = Pki.make(dir, "payments-api");
+      byte[] raw = new byte[32];
+      new SecureRandom().nextBytes(raw);
+      String token = HexFormat.of().formatHex(raw);
+      String identity = "token-sha256:" + HexFormat.of().formatHex(
+          MessageDigest.getInstance("SHA-256").digest(token.getBytes(StandardCharsets.UTF_8)));
+      Path tenants = dir.resolve("tenants.yaml");
+      Files.writeString(tenants, "tenants:\n  - name: payments\n"
+          + "    identities: [\"" + identity + "\", \"cn:" + pki.clientCn + "\"]\n"
+          + "    prefixes: [\"payments/\"]\n");
+      List<String> flags = List.of("--tls-cert", pki.serverCert.toString(), "--tls-key", pki.serverKey.toString(),
+          "--tenants", tenants.toString());
+      List<String> mtlsFlags = new ArrayList<>(flags);
+      mtlsFlags.addAll(List.of("--tls-client-ca", pki.ca.toString()));
+      try (Broker tls = Cluster.get().newBroker("s7-tls", flags.toArray(new String[0]));
+           Broker mtls = Cluster.get().newBroker("s7-mtls", mtlsFlags.toArray(new String[0]))) {
+        s7(pki, token, tls.addr(), mtls.addr());
+      }
+    } finally {
+      try (var files = Files.walk(dir)) {
+        files.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
+      }
+    }
   }
 
-  private static String brokerHelp() throws IOException, InterruptedException {
-    String bin = System.getProperty("lockbroker.broker", System.getenv("LOCKBROKER_BIN"));
-    Process p = new ProcessBuilder(bin, "--help").redirectErrorStream(true).start();
-    String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
-    p.waitFor(30, TimeUnit.SECONDS);
-    return out;
+  private static void s7(Pki pki, String token, String tls, String mtls) throws Exception {
+    String tag = UUID.randomUUID().toString().substring(0, 8);
+    String key = "payments/java/" + tag;
+    String outside = "orders/java/" + tag;
+    LockOptions opts = LockOptions.defaults().value("s7").waitTimeout(Duration.ofSeconds(5));
+
+    // TLS with the CA and the token; mTLS with the token; mTLS alone (the
+    // certificate's cn:payments-api is the identity): lock and release.
+    List<Map.Entry<String, LockClient.Builder>> setups = List.of(
+        Map.entry("TLS and token", LockClient.builder().target(tls).tls(pki.ca).token(token)),
+        Map.entry("mTLS and token",
+            LockClient.builder().target(mtls).tls(pki.ca, pki.clientCert, pki.clientKey).token(token)),
+        Map.entry("mTLS without token", LockClient.builder().target(mtls).tls(pki.ca, pki.clientCert, pki.clientKey)));
+    long last = 0;
+    for (Map.Entry<String, LockClient.Builder> setup : setups) {
+      String what = setup.getKey();
+      try (LockClient c = setup.getValue().build()) {
+        long t0 = System.nanoTime();
+        Lease lease = c.lock(key, opts);
+        Cluster.figure("S7 lock over " + what, seconds(System.nanoTime() - t0));
+        assertTrue(Long.compareUnsigned(lease.token(), last) > 0, what + ": token " + lease.token());
+        last = lease.token();
+        LockState st = c.getLock(key);
+        assertEquals(1, st.getHoldersCount(), what + ": " + st);
+        assertEquals(lease.sessionId(), st.getHolders(0).getSessionId(), what);
+        assertEquals("s7", st.getHolders(0).getValue().toString(StandardCharsets.UTF_8), what);
+        lease.release();
+        assertTrue(lease.isReleased(), what);
+        assertFalse(lease.isLost(), what);
+        assertEquals(0, c.getLock(key).getHoldersCount(), what);
+
+        // A key outside the tenant's prefixes: PERMISSION_DENIED naming it.
+        PermissionDeniedException denied = assertThrows(PermissionDeniedException.class, () -> c.lock(outside, opts));
+        assertEquals(Status.Code.PERMISSION_DENIED, denied.code(), what + ": " + denied);
+        assertEquals("PERMISSION_DENIED", denied.reason(), what + ": " + denied);
+        assertTrue(denied.getMessage().contains(outside), what + ": " + denied);
+        assertEquals(outside, denied.metadata().get("key"), what + ": " + denied);
+      }
+    }
+
+    // TLS without a token (and without a certificate), or with a token the
+    // tenants file does not know: UNAUTHENTICATED (Java's
+    // PermissionDeniedException with that code and reason).
+    for (String[] c : new String[][] {{"no token", null}, {"an unknown token", "not-" + token}}) {
+      try (LockClient client = LockClient.builder().target(tls).tls(pki.ca).token(c[1]).build()) {
+        PermissionDeniedException unauth = assertThrows(PermissionDeniedException.class, () -> client.lock(key, opts));
+        assertEquals(Status.Code.UNAUTHENTICATED, unauth.code(), c[0] + ": " + unauth);
+        assertEquals("UNAUTHENTICATED", unauth.reason(), c[0] + ": " + unauth);
+        System.out.println("S7 with " + c[0] + ": " + unauth);
+      }
+    }
+
+    // Without the CA (system roots), with another CA, in plaintext, or
+    // without the client certificate mTLS asks for: no connection.
+    List<Map.Entry<String, LockClient.Builder>> refused = List.of(
+        Map.entry("system roots, not the CA", LockClient.builder().target(tls).tls().token(token)),
+        Map.entry("another CA", LockClient.builder().target(tls).tls(pki.otherCa).token(token)),
+        Map.entry("plaintext", LockClient.builder().target(tls).token(token)),
+        Map.entry("mTLS without a client certificate", LockClient.builder().target(mtls).tls(pki.ca).token(token)));
+    for (Map.Entry<String, LockClient.Builder> r : refused) {
+      try (LockClient c = r.getValue().build()) {
+        long t0 = System.nanoTime();
+        UnavailableException e = assertThrows(UnavailableException.class, () -> c.lock(key, opts), r.getKey());
+        Cluster.figure("S7 refused connection (" + r.getKey() + ") after", seconds(System.nanoTime() - t0));
+        assertEquals(Status.Code.UNAVAILABLE, e.code(), r.getKey() + ": " + e);
+        System.out.println("S7 with " + r.getKey() + ": " + e);
+      }
+    }
+    try (LockClient c = LockClient.builder().target(tls).tls(pki.ca).token(token).build()) {
+      assertEquals(0, c.getLock(key).getHoldersCount(), "nothing was held through a refused connection");
+    }
+  }
+
+  /**
+   * Every scenario runs: a scenario test that skips (an assumption, an
+   * abort) fails with the reason instead.
+   */
+  static final class ScenariosMustRun implements TestExecutionExceptionHandler {
+    @Override
+    public void handleTestExecutionException(ExtensionContext ctx, Throwable t) throws Throwable {
+      String name = ctx.getRequiredTestMethod().getName();
+      if (t instanceof TestAbortedException && name.matches("s\\d+_.*")) {
+        throw new AssertionError(name + " must run, not skip: " + t.getMessage(), t);
+      }
+      throw t;
+    }
   }
 }
