@@ -5,9 +5,10 @@ import (
 	"sync/atomic"
 )
 
-// guardEvery: guards are checked every guardEvery sweeps (about once a
-// second with the default sweep interval).
-const guardEvery = 3
+// guardEvery: guards are checked every guardEvery sweeps (every few
+// seconds): they only tell a stream that its hold was resumed elsewhere,
+// which its client already knows; safety never waits for them.
+const guardEvery = 10
 
 // guard watches one key's ModifyIndex (a session record) for a hold: when
 // the sweeper finds the key moved, it signals moved and the hold reads the

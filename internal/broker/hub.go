@@ -39,7 +39,7 @@ const (
 	DefaultMaxBlocking   = 32
 	DefaultSweepInterval = 300 * time.Millisecond
 	// sweepParallel bounds the sweeper's transactions in flight.
-	sweepParallel = 8
+	sweepParallel = 4
 	// maxSweptEntries: a key with more entries under it is re-listed every
 	// sweep instead of checked entry by entry.
 	maxSweptEntries = 32

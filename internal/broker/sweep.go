@@ -100,9 +100,11 @@ func (h *hub) sweep(ctx context.Context) {
 		if round++; round%guardEvery == 0 {
 			h.checkGuards(ctx)
 		}
-		// The interval counts from the start of a sweep: a sweep of many
-		// keys that takes longer starts the next one at once.
-		t.Reset(max(h.sweepInterval-time.Since(began), time.Millisecond))
+		// The interval counts from the start of a sweep, but a sweep of
+		// many keys that takes longer than it still leaves Consul a pause
+		// (a third of the interval) before the next: renewals and writes
+		// come first.
+		t.Reset(max(h.sweepInterval-time.Since(began), h.sweepInterval/3))
 	}
 }
 

@@ -33,7 +33,9 @@ var verbs = map[broker.OpVerb]struct{ write, result bool }{
 // Txn implements broker.Store. It returns one slot per op, in order: the
 // entry Consul returned for it (with Value only for get), or nil for
 // check-not-exists, delete and delete-cas. A transaction of only get and
-// check verbs is a consistent read (no Raft write). More than
+// check verbs is a read (no Raft write) in Consul's default mode, answered
+// by the leader without a quorum round: the broker uses such reads only to
+// notice changes, and decides on consistent reads. More than
 // broker.MaxTxnOps ops, or an unknown verb, is StoreRejected without a call
 // to Consul; no ops is an empty result without a call.
 //
@@ -55,7 +57,7 @@ func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, erro
 		kind = opKVTxnWrite
 	}
 	c := s.begin(ctx, kind, s.opts.CallTimeout)
-	q := &api.QueryOptions{RequireConsistent: !write} // no effect on a write
+	q := &api.QueryOptions{}
 	ok, resp, _, err := s.c.Txn().Txn(txn, q.WithContext(c.ctx))
 	var out []*broker.Entry
 	switch {

@@ -348,7 +348,15 @@ export declare type AcquireKeepalive = Message<"lockbroker.v1.AcquireKeepalive">
 export declare const AcquireKeepaliveSchema: GenMessage<AcquireKeepalive>;
 
 /**
- * AcquireLost ends a stream whose hold is gone.
+ * AcquireLost ends a stream whose hold is gone. When the hold is taken away
+ * in Consul (session destroyed or invalidated, key released, deleted or
+ * overwritten), `lost` comes within 1 s for keys with a blocking query of
+ * their own (the first 32 watched keys of a replica, --consul-max-blocking)
+ * and for keys checked by the replica's sweep (the others, every 300 ms)
+ * while it checks up to a few thousand keys. A replica holding 10,000 keys
+ * on 2 cores sweeps more slowly: there `lost` comes within about 4 s
+ * (measured by make bench: p50 0.84 s, max 3.3 s). When renewals fail,
+ * `lost` always comes before Consul may grant the key to anyone else.
  *
  * @generated from message lockbroker.v1.AcquireLost
  */
