@@ -132,14 +132,21 @@ func (b *Broker) Start(ctx context.Context) error {
 		select {
 		case <-done:
 			b.cmd = nil
-			if b.incarnation == 1 && strings.Contains(tailFile(b.logPath), "address already in use") && b.rebinds < 3 {
-				// Someone took a port between our probe and the bind: the
-				// first incarnation may move (nothing points at it yet).
+			// Someone took a port between our probe and the bind (or since
+			// the last incarnation). The metrics port may always move; the
+			// gRPC port only before anything points at it.
+			tail := tailFile(b.logPath)
+			httpTaken := strings.Contains(tail, "--http-listen: listen") && strings.Contains(tail, "address already in use")
+			grpcTaken := strings.Contains(tail, "--listen: listen") && strings.Contains(tail, "address already in use")
+			if (httpTaken || grpcTaken && b.incarnation == 1) && b.rebinds < 3 {
 				ports, err := freeTCPPorts(2)
 				if err != nil {
 					return err
 				}
-				b.Addr, b.HTTPAddr, b.incarnation = ports[0], ports[1], 0
+				b.HTTPAddr = ports[1]
+				if grpcTaken {
+					b.Addr = ports[0]
+				}
 				b.rebinds++
 				b.mu.Unlock()
 				defer b.mu.Lock()
