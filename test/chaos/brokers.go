@@ -136,6 +136,9 @@ func (b *Broker) Start(ctx context.Context) error {
 			// the last incarnation). The metrics port may always move; the
 			// gRPC port only before anything points at it.
 			tail := tailFile(b.logPath)
+			if i := strings.LastIndex(tail, "=== chaos: "); i >= 0 {
+				tail = tail[i:] // this incarnation's output only
+			}
 			httpTaken := strings.Contains(tail, "--http-listen: listen") && strings.Contains(tail, "address already in use")
 			grpcTaken := strings.Contains(tail, "--listen: listen") && strings.Contains(tail, "address already in use")
 			if (httpTaken || grpcTaken && b.incarnation == 1) && b.rebinds < 3 {
@@ -161,6 +164,7 @@ func (b *Broker) Start(ctx context.Context) error {
 			return fmt.Errorf("%s does not listen on %s after 15s", b.Name(), b.Addr)
 		}
 	}
+	b.rebinds = 0
 	b.waitServing(ctx, 10*time.Second)
 	return nil
 }
