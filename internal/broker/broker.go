@@ -88,7 +88,7 @@ func WithSessionPool() Option { return func(o *options) { o.pool = true } }
 
 // New returns a Broker on store. log must not be nil.
 func New(store Store, log *zap.Logger, opts ...Option) *Broker {
-	o := options{maxBlocking: DefaultMaxBlocking, sweepInterval: DefaultSweepInterval, janitor: time.Minute}
+	o := options{maxBlocking: DefaultMaxBlocking, sweepInterval: DefaultSweepInterval, janitor: 15 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -221,9 +221,10 @@ func (b *Broker) lookup(key, session string) *hold {
 	return b.local[localKey(key, session)]
 }
 
-// janitor removes the session records whose session ended without the
-// broker deleting them (a replica crashed, a client destroyed its session
-// in Consul directly): Consul released them, so they have no session.
+// janitor removes what sessions that ended without the broker cleaning up
+// left behind (a replica crashed, a client destroyed its session in Consul
+// directly): their records (Consul released them, so they have no session)
+// and, for the semaphores a record lists, the session's contender entry.
 func (b *Broker) janitor(ctx context.Context, every time.Duration) {
 	for sleep(ctx, every) {
 		entries, _, err := b.store.List(ctx, recordPrefix, false)
@@ -231,9 +232,33 @@ func (b *Broker) janitor(ctx context.Context, every time.Duration) {
 			continue
 		}
 		for _, e := range entries {
-			if e.Session == "" {
-				_, _ = b.store.Txn(ctx, []Op{{Verb: OpDeleteCAS, Key: e.Key, Index: e.ModifyIndex}})
+			if e.Session != "" {
+				continue
 			}
+			rec := decodeRecord(e.Key[len(recordPrefix):], e)
+			for key := range rec.Holds {
+				b.cleanSemaphore(ctx, key, rec.session)
+			}
+			_, _ = b.store.Txn(ctx, []Op{{Verb: OpDeleteCAS, Key: e.Key, Index: e.ModifyIndex}})
 		}
+	}
+}
+
+// cleanSemaphore removes an ended session from the semaphore at key (its
+// slot and contender entry), if key is a semaphore.
+func (b *Broker) cleanSemaphore(ctx context.Context, key, session string) {
+	for attempt := range 5 {
+		st, err := b.readState(ctx, key)
+		if err != nil || st.Kind != KindSemaphore {
+			return
+		}
+		ops, _, err := leaveOps(st, session)
+		if err != nil || len(ops) == 0 {
+			return
+		}
+		if _, err := b.store.Txn(ctx, ops); asTxnError(err) == nil {
+			return
+		}
+		backoff(ctx, attempt)
 	}
 }

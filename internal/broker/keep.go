@@ -177,6 +177,15 @@ func (h *hold) conclude(ctx context.Context, o Outcome) error {
 		return err
 	}
 	h.b.log.Info("hold lost", zap.String("key", seq.Key), zap.String("session", seq.Session), zap.Int("reason", int(o.Reason)), zap.String("detail", o.Detail))
+	if mutantNoLossNotice {
+		// The mutant's bug: the stream stays open and says nothing.
+		select {
+		case <-ctx.Done():
+		case <-h.b.shutdown:
+		}
+		h.finish(false)
+		return ctx.Err()
+	}
 	err := h.sendLost(o.Reason, o.Detail)
 	if o.Reason == LostRenewalFailed {
 		// Consul is unreachable: clean up in the background, briefly.

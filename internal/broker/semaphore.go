@@ -111,6 +111,7 @@ func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequen
 		ops = append(ops, Op{Verb: OpCAS, Key: lockKey, Value: body, Flags: SemaphoreFlagValue, Index: st.semLock.ModifyIndex})
 	}
 	casAt := len(ops) - 1
+	ops = append(ops, deadContenderOps(st, h.session)...)
 	rec := h.record()
 	next := rec.next()
 	next.Holds[prefix] = 0
@@ -171,6 +172,27 @@ func semaphoreLoss(st *State, seq Sequencer, limit uint32) (lost bool, reason Lo
 	return false, 0, ""
 }
 
+// maxDeadCleanup bounds the dead contender entries one transaction
+// deletes.
+const maxDeadCleanup = 16
+
+// deadContenderOps delete contender entries whose session ended (Consul
+// releases them but leaves them; api.Semaphore does not delete them
+// either), except session's own: any transaction the broker writes on a
+// semaphore carries them, so they do not pile up.
+func deadContenderOps(st *State, session string) []Op {
+	var ops []Op
+	for name, c := range st.children {
+		if len(ops) == maxDeadCleanup {
+			break
+		}
+		if name != session && c.Session == "" && c.Flags == SemaphoreFlagValue && c.Key != st.Key+semLockSuffix {
+			ops = append(ops, Op{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex})
+		}
+	}
+	return ops
+}
+
 // leaveOps removes session from the semaphore in st (its slot in `.lock`
 // by check-and-set, and its contender entry), or nil when it is in
 // neither.
@@ -192,6 +214,9 @@ func leaveOps(st *State, session string) ([]Op, bool, error) {
 	}
 	if c := st.child(session); c != nil && c.Flags == SemaphoreFlagValue && (c.Session == session || c.Session == "") {
 		ops = append(ops, Op{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex})
+	}
+	if len(ops) > 0 {
+		ops = append(ops, deadContenderOps(st, session)...)
 	}
 	return ops, held, nil
 }

@@ -455,6 +455,9 @@ func (r *run) leftovers(ctx context.Context, before map[string]bool) Leftovers {
 				l.Keys = append(l.Keys, "(cannot list keys: "+err.Error()+")")
 			}
 			for _, p := range pairs {
+				if resting(p) {
+					continue
+				}
 				held := "free"
 				if p.Session != "" {
 					held = "held by session " + p.Session
@@ -485,6 +488,20 @@ func (r *run) leftovers(ctx context.Context, before map[string]bool) Leftovers {
 
 // expiring reports whether l has something that may still go away by
 // itself: a session, or a key held by one.
+// resting reports whether a key left by the run is the resting state of
+// Consul's recipes rather than a leak: a released lock key (api.Lock
+// leaves it, with its last value, for observers and the next holder) and a
+// semaphore's `.lock` (api.Semaphore keeps it between holders). Held keys,
+// contender entries (they belong to a session, dead or alive) and anything
+// else are leaks.
+func resting(p *api.KVPair) bool {
+	const lockFlags, semFlags = 0x2ddccbc058a50c18, 0xe0f69a2baa414de0
+	if p.Session != "" {
+		return false
+	}
+	return p.Flags == lockFlags || (p.Flags == semFlags && strings.HasSuffix(p.Key, "/.lock"))
+}
+
 func expiring(l Leftovers) bool {
 	if len(l.Sessions) > 0 {
 		return true
