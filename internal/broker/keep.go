@@ -26,14 +26,20 @@ func (h *hold) keep(ctx context.Context) error {
 		renewed, failed = h.ren.renewed, h.ren.failed
 		deadline.Reset(time.Until(h.ren.safeUntil()))
 	}
+	// Each is handled once (set to nil after): while a release is in
+	// flight the lifecycle defers the End, and a closed channel would
+	// otherwise fire again and again.
+	canceled, shutdown := ctx.Done(), (<-chan struct{})(h.b.shutdown)
 	for {
 		select {
 		case <-h.life.Done():
 			o, _ := h.life.Outcome()
 			return h.conclude(ctx, o)
-		case <-ctx.Done():
+		case <-canceled:
+			canceled = nil
 			h.life.End(Outcome{Kind: OutcomeCanceled})
-		case <-h.b.shutdown:
+		case <-shutdown:
+			shutdown = nil
 			h.life.End(Outcome{Kind: OutcomeShutdown})
 		case d := <-renewed:
 			deadline.Reset(time.Until(d))
