@@ -69,32 +69,41 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		if err := w.report(ctx, st, delayLeft); err != nil {
 			return nil, err
 		}
-		var delayTimer <-chan time.Time
-		if delayLeft > 0 {
-			delayTimer = time.After(delayLeft)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-h.b.shutdown:
-			return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
-		case <-timeout:
-			h.b.fillTokens(ctx, st)
-			return nil, holdersError(ErrTimeout, ReasonWaitTimeout, st)
-		case err := <-failed:
-			return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
-		case <-delayTimer:
-			w.fresh = false
-		case <-h.sub.wake:
-			w.fresh = false
-			if next, _ := h.sub.state(); next != nil {
-				if st != nil && len(st.Holders) > 0 && len(next.Holders) == 0 {
-					w.lastHolders, w.freedAt = st.Holders, time.Now()
-				}
-				st = next
-			}
+		if st, err = w.sleep(ctx, st, delayLeft, timeout, failed); err != nil {
+			return nil, err
 		}
 	}
+}
+
+// sleep waits until the key changes (the newest state is returned), the
+// lock-delay ends, or the wait must end (the error).
+func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, timeout <-chan time.Time, failed <-chan error) (*State, error) {
+	h := w.h
+	var delayTimer <-chan time.Time
+	if delayLeft > 0 {
+		delayTimer = time.After(delayLeft)
+	}
+	w.fresh = false
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-h.b.shutdown:
+		return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
+	case <-timeout:
+		h.b.fillTokens(ctx, st)
+		return nil, holdersError(ErrTimeout, ReasonWaitTimeout, st)
+	case err := <-failed:
+		return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
+	case <-delayTimer:
+	case <-h.sub.wake:
+		if next, _ := h.sub.state(); next != nil {
+			if len(st.Holders) > 0 && len(next.Holders) == 0 {
+				w.lastHolders, w.freedAt = st.Holders, time.Now()
+			}
+			return next, nil
+		}
+	}
+	return st, nil
 }
 
 // first is the state of the first attempt. A lock tries at once on what
