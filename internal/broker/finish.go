@@ -113,8 +113,7 @@ func (h *hold) recycle(released bool) bool {
 	if rec.Owner != h.b.id {
 		return false
 	}
-	if _, listed := rec.Holds[h.spec.Key]; released && !listed {
-		// The releasing transaction already dropped the key.
+	giveBack := func(rec *record) bool {
 		h.pooled.rec = rec
 		if h.ren != nil {
 			h.pooled.renewed = h.ren.lastRenewal()
@@ -122,26 +121,20 @@ func (h *hold) recycle(released bool) bool {
 		h.b.pool.put(h.pooled)
 		return true
 	}
-	next := rec.next()
-	delete(next.Holds, h.spec.Key)
-	delete(next.Since, h.spec.Key)
-	ops := rec.writeOps(next)
-	if !released {
-		if h.sem {
-			st, err := h.b.readState(ctx, h.spec.Key)
-			if err != nil {
-				return false
-			}
-			leave, _, err := leaveOps(st, h.session)
-			if err != nil {
-				return false
-			}
-			ops = append(ops, leave...)
-		} else {
-			h.mu.Lock()
-			value := h.value
-			h.mu.Unlock()
-			ops = append(ops, unlockOps(h.spec.Key, h.session, value, false)...)
+	if _, listed := rec.Holds[h.spec.Key]; released && !listed {
+		return giveBack(rec) // the releasing transaction dropped the key
+	}
+	var ops []Op
+	next := rec.without(h.spec.Key)
+	if released {
+		ops = rec.writeOps(next)
+	} else {
+		st, err := h.leaveState(ctx)
+		if err != nil {
+			return false
+		}
+		if ops, next, err = h.releaseOps(st); err != nil {
+			return false
 		}
 	}
 	res, err := h.st.Txn(ctx, ops)
@@ -153,12 +146,7 @@ func (h *hold) recycle(released bool) bool {
 		return false
 	}
 	next.index, next.live = res[1].ModifyIndex, true
-	h.pooled.rec = next
-	if h.ren != nil {
-		h.pooled.renewed = h.ren.lastRenewal()
-	}
-	h.b.pool.put(h.pooled)
-	return true
+	return giveBack(next)
 }
 
 // maxWriteAttempts bounds the check-and-set rounds of a release or clean

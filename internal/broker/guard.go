@@ -38,30 +38,16 @@ func (h *hub) removeGuard(g *guard) {
 // checkGuards checks every guard with read-only transactions and signals
 // those whose key moved.
 func (h *hub) checkGuards(ctx context.Context) {
+	var checks checkBatches[*guard]
 	h.mu.Lock()
-	var batches [][]Op
-	var owners [][]*guard
-	var batch []Op
-	var own []*guard
 	for g := range h.guards {
-		if len(batch) == MaxTxnOps {
-			batches, owners = append(batches, batch), append(owners, own)
-			batch, own = nil, nil
-		}
-		batch = append(batch, Op{Verb: OpCheckIndex, Key: g.key, Index: g.index.Load()})
-		own = append(own, g)
+		checks.add(g, Op{Verb: OpCheckIndex, Key: g.key, Index: g.index.Load()})
 	}
 	h.mu.Unlock()
-	if len(batch) > 0 {
-		batches, owners = append(batches, batch), append(owners, own)
-	}
-	failed := h.failing(ctx, batches)
-	for i, ops := range failed {
-		for _, op := range ops {
-			select {
-			case owners[i][op].moved <- struct{}{}:
-			default:
-			}
+	for _, g := range failedOwners(ctx, h, &checks) {
+		select {
+		case g.moved <- struct{}{}:
+		default:
 		}
 	}
 }

@@ -103,6 +103,14 @@ func (r *record) next() *record {
 	return &n
 }
 
+// without is next with key's hold gone: the record a release writes.
+func (r *record) without(key string) *record {
+	n := r.next()
+	delete(n.Holds, key)
+	delete(n.Since, key)
+	return n
+}
+
 // guard is the op that conditions a transaction on the record being as
 // read.
 func (r *record) guard() Op {

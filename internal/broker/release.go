@@ -75,13 +75,14 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 		return false, err, true
 	}
 	for attempt := range maxWriteAttempts {
-		ops, err := h.releaseOps(st)
+		ops, next, err := h.releaseOps(st)
 		if err != nil {
 			return false, err, true
 		}
 		res, err := h.st.Txn(ctx, ops)
 		if err == nil {
-			h.noteRecordWrite(res)
+			next.index, next.live = res[1].ModifyIndex, true // ops 0 and 1: the record
+			h.setRecord(next)
 			released = true
 			return true, nil, true
 		}
@@ -104,19 +105,18 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 	return false, newError(ErrUnavailable, ReasonConsulUnavailable, "key %q changed under every release attempt; retry", h.spec.Key), true
 }
 
-// releaseOps release the hold on st, and drop it from the record.
-func (h *hold) releaseOps(st *State) ([]Op, error) {
+// releaseOps release the hold on st (see leaveState), and drop it from the
+// record: ops 0 and 1 write next, the record as it will be.
+func (h *hold) releaseOps(st *State) (ops []Op, next *record, err error) {
 	rec := h.record()
-	next := rec.next()
-	delete(next.Holds, h.spec.Key)
-	delete(next.Since, h.spec.Key)
-	ops := rec.writeOps(next)
+	next = rec.without(h.spec.Key)
+	ops = rec.writeOps(next)
 	if h.sem {
 		if st == nil {
-			return nil, newError(ErrUnavailable, ReasonConsulUnavailable, "state of %q not known yet; retry", h.spec.Key)
+			return nil, nil, newError(ErrUnavailable, ReasonConsulUnavailable, "state of %q not known yet; retry", h.spec.Key)
 		}
 		leave, _, err := leaveOps(st, h.session)
-		return append(ops, leave...), err
+		return append(ops, leave...), next, err
 	}
 	h.mu.Lock()
 	value := h.value
@@ -124,19 +124,7 @@ func (h *hold) releaseOps(st *State) ([]Op, error) {
 	if hd, ok := st.holderOrSelf(h.session, h.grant().LockIndex); ok && hd.Value != nil {
 		value = hd.Value
 	}
-	return append(ops, unlockOps(h.spec.Key, h.session, value, h.del)...), nil
-}
-
-// noteRecordWrite keeps the record index a successful release wrote
-// (ops 0 and 1 are the record's guard and write).
-func (h *hold) noteRecordWrite(res []*Entry) {
-	if len(res) < 2 || res[1] == nil {
-		return
-	}
-	rec := h.record().next()
-	delete(rec.Holds, h.spec.Key)
-	rec.index, rec.live = res[1].ModifyIndex, true
-	h.setRecord(rec)
+	return append(ops, unlockOps(h.spec.Key, h.session, value, h.del)...), next, nil
 }
 
 // releaseRemote releases a hold whose stream is not on this replica (or
@@ -188,10 +176,7 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 func (b *Broker) remoteReleaseOps(ctx context.Context, st *State, rec *record, hd Holder, session string) ([]Op, error) {
 	var ops []Op
 	if rec.index != 0 && rec.live {
-		next := rec.next()
-		delete(next.Holds, st.Key)
-		delete(next.Since, st.Key)
-		ops = append(ops, rec.writeOps(next)...)
+		ops = append(ops, rec.writeOps(rec.without(st.Key))...)
 	}
 	if st.Kind == KindSemaphore {
 		leave, _, err := leaveOps(st, session)

@@ -112,10 +112,7 @@ func (h *hub) sweep(ctx context.Context) {
 // others with read-only transactions; keys whose checks fail are read.
 func (h *hub) sweepOnce(ctx context.Context) {
 	var reread []*keyWatch
-	var batch []Op
-	var owners []*keyWatch // owners[i] is the watch batch[i] checks
-	var batches [][]Op
-	var batchOwners [][]*keyWatch
+	var checks checkBatches[*keyWatch]
 	h.mu.Lock()
 	for key, kw := range h.watches {
 		if kw.dedicated {
@@ -131,22 +128,11 @@ func (h *hub) sweepOnce(ctx context.Context) {
 		case stale:
 			reread = append(reread, kw)
 		default:
-			if len(batch)+len(ops) > MaxTxnOps {
-				batches, batchOwners = append(batches, batch), append(batchOwners, owners)
-				batch, owners = nil, nil
-			}
-			for range ops {
-				owners = append(owners, kw)
-			}
-			batch = append(batch, ops...)
+			checks.add(kw, ops...)
 		}
 	}
 	h.mu.Unlock()
-	if len(batch) > 0 {
-		batches, batchOwners = append(batches, batch), append(batchOwners, owners)
-	}
-	changed := h.check(ctx, batches, batchOwners)
-	h.reread(ctx, append(reread, changed...))
+	h.reread(ctx, append(reread, failedOwners(ctx, h, &checks)...))
 }
 
 // checkOpsLocked returns the ops that pass while the key's entries are as
@@ -169,18 +155,38 @@ func (kw *keyWatch) checkOpsLocked() []Op {
 	return ops
 }
 
-// check runs the check transactions and returns the watches whose checks
-// failed.
-func (h *hub) check(ctx context.Context, batches [][]Op, owners [][]*keyWatch) []*keyWatch {
-	changed := map[*keyWatch]bool{}
-	for i, ops := range h.failing(ctx, batches) {
-		for _, op := range ops {
-			changed[owners[i][op]] = true
-		}
+// checkBatches gathers check ops, each with the owner it speaks for (a
+// swept key, a guard), into read-only transactions of at most MaxTxnOps;
+// one owner's ops stay in one transaction.
+type checkBatches[T comparable] struct {
+	ops    [][]Op
+	owners [][]T // owners[i][j] is the owner of ops[i][j]
+}
+
+func (c *checkBatches[T]) add(owner T, ops ...Op) {
+	n := len(c.ops)
+	if n == 0 || len(c.ops[n-1])+len(ops) > MaxTxnOps {
+		c.ops, c.owners = append(c.ops, nil), append(c.owners, nil)
+		n++
 	}
-	out := make([]*keyWatch, 0, len(changed))
-	for kw := range changed {
-		out = append(out, kw)
+	c.ops[n-1] = append(c.ops[n-1], ops...)
+	for range ops {
+		c.owners[n-1] = append(c.owners[n-1], owner)
+	}
+}
+
+// failedOwners runs the checks and returns the owners with a failing
+// check, once each.
+func failedOwners[T comparable](ctx context.Context, h *hub, c *checkBatches[T]) []T {
+	seen := map[T]bool{}
+	var out []T
+	for i, ops := range h.failing(ctx, c.ops) {
+		for _, op := range ops {
+			if o := c.owners[i][op]; !seen[o] {
+				seen[o] = true
+				out = append(out, o)
+			}
+		}
 	}
 	return out
 }
