@@ -144,10 +144,13 @@ func run() int {
 	status := 0
 	var summary []string
 	realFailed := map[string]bool{}
-	one := func(m string) (*chaos.Report, error) {
+	one := func(m string, seed uint64, attempt int) (*chaos.Report, error) {
 		rp, name := p, "real"
 		if m != "" {
 			rp, name = chaos.MutantProfile(m), "mutant-"+m
+		}
+		if attempt > 0 {
+			name += fmt.Sprintf("-retry%d", attempt)
 		}
 		dir := filepath.Join(*out, name)
 		rep, err := chaos.Run(ctx, chaos.Config{Profile: rp, Seed: seed, Mutant: m, BrokerBin: bins[chaos.Mutants[m]],
@@ -166,7 +169,7 @@ func run() int {
 			muts = append(muts, m)
 			continue
 		}
-		rep, err := one("")
+		rep, err := one("", seed, 0)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "chaos:", err)
 			return 2
@@ -190,19 +193,12 @@ func run() int {
 	errs := make([]error, len(muts))
 	var wg sync.WaitGroup
 	for i, m := range muts {
-		wg.Go(func() { reps[i], errs[i] = one(m) })
+		wg.Go(func() { reps[i], errs[i] = one(m, seed, 0) })
 	}
 	wg.Wait()
-	for i, m := range muts {
-		if errs[i] != nil {
-			fmt.Fprintln(os.Stderr, "chaos:", errs[i])
-			return 2
-		}
-		rep := reps[i]
-		rep.Print(os.Stdout)
-		fmt.Printf("report: %s\n", filepath.Join(rep.OutDir, "report.json"))
-		// A mutant is judged by the checkers that bite what it breaks:
-		// leftovers are no mutant's defect.
+	// A mutant is judged by the checkers that bite what it breaks:
+	// leftovers are no mutant's defect.
+	judge := func(rep *chaos.Report) []string {
 		var caught []string
 		for _, f := range rep.Failed() {
 			if f == chaos.CheckerLeaks {
@@ -214,6 +210,32 @@ func run() int {
 			caught = append(caught, f)
 		}
 		sort.Strings(caught)
+		return caught
+	}
+	for i, m := range muts {
+		if errs[i] != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", errs[i])
+			return 2
+		}
+		rep := reps[i]
+		rep.Print(os.Stdout)
+		fmt.Printf("report: %s\n", filepath.Join(rep.OutDir, "report.json"))
+		caught := judge(rep)
+		// A schedule is random: the faults that expose a mutant may find
+		// nothing to break (no live hold at that moment). With -mutants an
+		// escaped mutant gets mutantRetries more runs with new seeds, and
+		// is NOT CAUGHT only if every run misses it.
+		for attempt := 1; len(caught) == 0 && *mutants && attempt <= mutantRetries; attempt++ {
+			s := seed + uint64(attempt)*7919
+			fmt.Printf("chaos: mutant %s escaped seed %d; run %d of %d with seed %d\n", m, seed, attempt+1, mutantRetries+1, s)
+			rep, err := one(m, s, attempt)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "chaos:", err)
+				return 2
+			}
+			rep.Print(os.Stdout)
+			caught = judge(rep)
+		}
 		switch {
 		case len(caught) > 0:
 			summary = append(summary, fmt.Sprintf("mutant %s: caught by %s", m, strings.Join(caught, ", ")))
@@ -236,6 +258,10 @@ func run() int {
 	}
 	return status
 }
+
+// mutantRetries is how many more runs (new seeds) an escaped mutant gets
+// with -mutants before it counts as NOT CAUGHT.
+const mutantRetries = 2
 
 // repoRoot finds the module root above the working directory.
 func repoRoot() (string, error) {
