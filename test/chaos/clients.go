@@ -45,6 +45,21 @@ type Client struct {
 	gate    gate
 	resumes atomic.Int64
 	value   int64
+	// cur is the lease the client believes it holds (nil between holds),
+	// for the injector to see which replica holds it.
+	cur atomic.Pointer[leaseRef]
+}
+
+// leaseRef boxes a lease for an atomic pointer.
+type leaseRef struct{ l lease }
+
+// Replica is the index of the broker whose stream holds the client's
+// current hold, or -1 when it holds nothing (or cannot tell).
+func (c *Client) Replica() int {
+	if r := c.cur.Load(); r != nil {
+		return r.l.replica()
+	}
+	return -1
 }
 
 // NewClient dials every link (lazily, as gRPC does).
@@ -139,6 +154,7 @@ type lease interface {
 	reason() string // once lost() is closed
 	deadline() time.Time
 	release(ctx context.Context)
+	replica() int // the broker index whose stream holds it now
 }
 
 // acquireFunc takes the client's key once (bounded by ctx).
@@ -177,6 +193,8 @@ func (c *Client) loop(ctx context.Context, acquire acquireFunc, writes bool) {
 func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer, h *Hold, writes bool) {
 	resumes0 := c.resumes.Load()
 	hist := c.env.Hist
+	c.cur.Store(&leaseRef{l})
+	defer c.cur.Store(nil)
 	end := func(reason string) {
 		hist.EndHold(h, hist.Now(), reason, hist.Offset(l.deadline()), int(c.resumes.Load()-resumes0))
 	}
@@ -279,14 +297,16 @@ func (c *Client) checkSequencer(ctx context.Context, seq *lockbrokerv1.Sequencer
 	c.env.Hist.AddCheck(Check{Client: c.ID, Key: h.Key, Token: h.Token, Current: resp.GetCurrent(), Call: call, Return: c.env.Hist.Now()})
 }
 
-// libClient is the Go client over all replicas, starting at a random one.
-func (c *Client) libClient() *client.Client {
-	first := c.rng.IntN(len(c.conns))
+// libClient is the Go client over all replicas, starting at a random one
+// (first: the client's replica 0 is broker first, its replica i broker
+// first+i).
+func (c *Client) libClient() (cl *client.Client, first int) {
+	first = c.rng.IntN(len(c.conns))
 	var rest []grpc.ClientConnInterface
 	for i := 1; i < len(c.conns); i++ {
 		rest = append(rest, c.conns[(first+i)%len(c.conns)])
 	}
-	return client.New(c.conns[first], client.WithReplicas(rest...))
+	return client.New(c.conns[first], client.WithReplicas(rest...)), first
 }
 
 // acquireLib takes the key with the Go client (resume on).
@@ -296,18 +316,22 @@ func (c *Client) acquireLib(ctx context.Context) (lease, *lockbrokerv1.Sequencer
 	if c.Limit > 1 {
 		opts = append(opts, client.WithLimit(uint32(c.Limit)))
 	}
-	l, err := c.libClient().Lock(ctx, c.Key, opts...)
+	cl, first := c.libClient()
+	l, err := cl.Lock(ctx, c.Key, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
-	return &libLease{l: l}, l.Sequencer(), nil
+	return &libLease{l: l, first: first, n: len(c.conns)}, l.Sequencer(), nil
 }
 
 // libLease adapts a client.Lease.
 type libLease struct {
-	l    *client.Lease
-	ours atomic.Bool
+	l        *client.Lease
+	first, n int // the client's replica i is broker (first+i)%n
+	ours     atomic.Bool
 }
+
+func (l *libLease) replica() int { return (l.first + l.l.Replica()) % l.n }
 
 func (l *libLease) lost() <-chan struct{} { return l.l.Lost() }
 func (l *libLease) deadline() time.Time   { return l.l.Deadline() }
@@ -338,7 +362,8 @@ const rawMargin = 250 * time.Millisecond
 // acquireRaw takes the key with a bare LockService stub on one replica:
 // no resume; the client enforces the deadline itself.
 func (c *Client) acquireRaw(ctx context.Context) (lease, *lockbrokerv1.Sequencer, error) {
-	stub := lockbrokerv1.NewLockServiceClient(c.conns[c.rng.IntN(len(c.conns))])
+	idx := c.rng.IntN(len(c.conns))
+	stub := lockbrokerv1.NewLockServiceClient(c.conns[idx])
 	sctx, cancel := context.WithCancel(context.Background())
 	stop := context.AfterFunc(ctx, cancel)
 	stream, err := stub.Acquire(sctx, &lockbrokerv1.AcquireRequest{
@@ -363,7 +388,7 @@ func (c *Client) acquireRaw(ctx context.Context) (lease, *lockbrokerv1.Sequencer
 				cancel()
 				return nil, nil, ctx.Err()
 			}
-			l := &rawLease{stub: stub, cancel: cancel, seq: a.GetSequencer(), lostCh: make(chan struct{}), done: make(chan struct{}),
+			l := &rawLease{stub: stub, idx: idx, cancel: cancel, seq: a.GetSequencer(), lostCh: make(chan struct{}), done: make(chan struct{}),
 				dl: time.Now().Add(a.GetGuaranteedFor().AsDuration())}
 			go l.follow(stream)
 			return l, a.GetSequencer(), nil
@@ -374,6 +399,7 @@ func (c *Client) acquireRaw(ctx context.Context) (lease, *lockbrokerv1.Sequencer
 // rawLease is a hold on a bare stream.
 type rawLease struct {
 	stub   lockbrokerv1.LockServiceClient
+	idx    int // the broker it is on
 	cancel context.CancelFunc
 	seq    *lockbrokerv1.Sequencer
 	lostCh chan struct{}
@@ -386,6 +412,7 @@ type rawLease struct {
 }
 
 func (l *rawLease) lost() <-chan struct{} { return l.lostCh }
+func (l *rawLease) replica() int          { return l.idx }
 
 func (l *rawLease) reason() string {
 	l.mu.Lock()
@@ -506,7 +533,8 @@ func holderToken(st *lockbrokerv1.LockState) uint64 {
 }
 
 func (c *Client) watchLib(ctx context.Context) {
-	w, err := c.libClient().Watch(ctx, c.Key)
+	cl, _ := c.libClient()
+	w, err := cl.Watch(ctx, c.Key)
 	if err != nil {
 		return
 	}

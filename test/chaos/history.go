@@ -126,6 +126,11 @@ type Freeze struct {
 	// Silent: its connections were left open but mute (a paused process
 	// on a live host), so only gRPC keepalive can tell the broker.
 	Silent bool
+	// Replica names the broker whose stream held the client's lock when
+	// it froze ("broker-1"), and Server that broker's Consul server
+	// ("consul-1"); both "" when unknown (it held nothing, or an older
+	// history), and then a fault on any of them may excuse a late handover.
+	Replica, Server string `json:",omitempty"`
 }
 
 // Observation is one state an observer saw on a Watch.

@@ -705,6 +705,9 @@ func (r *run) inject(ctx context.Context, p Planned) {
 		c := cands[pick(len(cands))]
 		f := r.start(Fault{Kind: p.Kind, Target: c.Name(), Note: p.Dur.String()})
 		fr := Freeze{Client: c.ID, Start: f.Start, Silent: p.Kind == FClientFreeze}
+		if i := c.Replica(); i >= 0 {
+			fr.Replica, fr.Server = r.brokers[i].Name(), fmt.Sprintf("consul-%d", i%r.cluster.Size())
+		}
 		c.gate.Freeze()
 		for _, l := range c.Links {
 			if err := l.Blackhole(); err != nil {
