@@ -8,8 +8,6 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -57,9 +55,13 @@ var (
 // call is one call as access sees it.
 type call struct {
 	method string
-	peer   string
+	ctx    context.Context // the call's, for its peer
 	caller tenant.Caller
-	named  named
+	// req is the request; named is what it names, worked out only when a
+	// tenant check or the audit log needs it (names).
+	req      any
+	named    named
+	hasNamed bool
 	// release gives back what admission took (a max_holds slot).
 	release func()
 	// track follows an Acquire stream's events for the per-tenant gauges.
@@ -72,7 +74,7 @@ func (a *access) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	}
 	c := newCall(ctx, info.FullMethod)
 	defer c.done() // also when the handler panics (recovery is outside)
-	c.named = namedBy(req)
+	c.req = req
 	ctx, err := a.admitCall(ctx, c)
 	if err == nil {
 		err = a.admitRequest(ctx, c)
@@ -105,11 +107,23 @@ func (a *access) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 }
 
 func newCall(ctx context.Context, method string) *call {
-	c := &call{method: method}
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		c.peer = p.Addr.String()
+	return &call{method: method, ctx: ctx}
+}
+
+// names is what the call's request names (worked out once).
+func (c *call) names() *named {
+	if !c.hasNamed {
+		c.named, c.hasNamed = namedBy(c.req), true
 	}
-	return c
+	return &c.named
+}
+
+// peer is the caller's address, "" if unknown.
+func (c *call) peer() string {
+	if p, ok := peer.FromContext(c.ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
 }
 
 // done gives back what the call took (once).
@@ -143,7 +157,7 @@ func (s *guardedStream) RecvMsg(m any) error {
 		return nil
 	}
 	s.received = true
-	s.c.named = namedBy(m)
+	s.c.req, s.c.hasNamed = m, false
 	if err := s.a.admitRequest(s.ctx, s.c); err != nil {
 		s.a.drop(m)
 		return err
@@ -193,12 +207,13 @@ func (a *access) admitRequest(ctx context.Context, c *call) error {
 	if t == nil || strings.HasPrefix(c.method, adminServicePrefix) {
 		return nil // single-tenant, or an admin
 	}
-	if !c.named.covered && strings.HasPrefix(c.method, lockServicePrefix) {
+	n := c.names()
+	if !n.covered && strings.HasPrefix(c.method, lockServicePrefix) {
 		return permissionDenied("%s: %s is not open to tenants", c.caller.Identity, c.method)
 	}
-	for i, k := range c.named.keys {
+	for i, k := range n.keys {
 		if !t.Allows(k) {
-			c.named.keys[0], c.named.keys[i] = k, c.named.keys[0] // the audit log names the refused key
+			n.keys[0], n.keys[i] = k, n.keys[0] // the audit log names the refused key
 			return permissionDenied("key %q is outside the prefixes of tenant %q", k, t.Name).withKey(k)
 		}
 	}
@@ -222,71 +237,6 @@ func (a *access) admitRequest(ctx context.Context, c *call) error {
 		c.release = release
 	}
 	return nil
-}
-
-// identify finds the caller: a bearer token when one is sent (an unknown
-// one is refused, never passed over for the certificate), else the
-// verified client certificate.
-func identify(ctx context.Context, cfg *tenant.Config) (tenant.Caller, error) {
-	token, sent, err := bearerToken(ctx)
-	if err != nil {
-		return tenant.Caller{}, err
-	}
-	if sent {
-		caller, ok := cfg.MatchToken(token)
-		if !ok {
-			return caller, unauthenticated("bearer token not recognised")
-		}
-		return caller, nil
-	}
-	if c := cfg.MatchCert(certIdentities(ctx)); c.Identity != "" {
-		return c, nil
-	}
-	return tenant.Caller{}, unauthenticated("no identity: send a verified client certificate or an authorization: Bearer token")
-}
-
-// bearerToken is the token of the call's `authorization: Bearer` header;
-// sent is false without the header.
-func bearerToken(ctx context.Context) (token string, sent bool, err error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get(authorizationHeader)
-	switch {
-	case len(vals) == 0:
-		return "", false, nil
-	case len(vals) > 1:
-		return "", true, unauthenticated("more than one authorization header")
-	}
-	v := vals[0]
-	if len(v) > maxAuthorizationSize || len(v) <= len(bearerScheme) || !strings.EqualFold(v[:len(bearerScheme)], bearerScheme) {
-		return "", true, unauthenticated(`authorization must be "Bearer <token>"`)
-	}
-	return strings.TrimSpace(v[len(bearerScheme):]), true, nil
-}
-
-// certIdentities are the identities of the call's verified client
-// certificate (none without one).
-func certIdentities(ctx context.Context) []string {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return nil
-	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
-		return nil
-	}
-	return tenant.CertIdentities(info.State.VerifiedChains[0][0])
-}
-
-// presented is the identity a caller presents, unchecked (single-tenant
-// mode): its token's, else its verified certificate's, else "".
-func presented(ctx context.Context) string {
-	if token, sent, err := bearerToken(ctx); sent && err == nil {
-		return tenant.TokenIdentity(token)
-	}
-	if ids := certIdentities(ctx); len(ids) > 0 {
-		return ids[0]
-	}
-	return ""
 }
 
 // finish counts and audits the call's outcome.

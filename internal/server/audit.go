@@ -24,18 +24,19 @@ func (a *access) record(c *call, err error) {
 		zap.String("identity", c.caller.Identity),
 		zap.String("tenant", c.caller.TenantName()),
 		zap.Bool("admin", c.caller.Admin),
-		zap.String("peer", c.peer),
+		zap.String("peer", c.peer()),
 		zap.String("action", strings.TrimPrefix(c.method, "/")),
 		zap.String("result", code.Code(st.Code()).String()),
 	}
-	if len(c.named.keys) > 0 {
-		fields = append(fields, zap.String("key", c.named.keys[0]))
+	n := c.names()
+	if len(n.keys) > 0 {
+		fields = append(fields, zap.String("key", n.keys[0]))
 	}
-	if c.named.session != "" {
-		fields = append(fields, zap.String("session", c.named.session))
+	if n.session != "" {
+		fields = append(fields, zap.String("session", n.session))
 	}
-	if c.named.tenant != "" {
-		fields = append(fields, zap.String("target_tenant", c.named.tenant))
+	if n.tenant != "" {
+		fields = append(fields, zap.String("target_tenant", n.tenant))
 	}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {

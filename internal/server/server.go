@@ -10,13 +10,11 @@ import (
 
 	"buf.build/go/protovalidate"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -132,7 +130,7 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 		log.Error("panic in handler", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
 	})
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(accessLevel)}
+	accessLog := accessLog{log: log}
 	val := &validation{validator: validator, codec: newRequestCodec()}
 	acc := &access{
 		audit: log.Named(AuditLoggerName),
@@ -149,14 +147,14 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinClientInterval, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(
 			srvMetrics.UnaryServerInterceptor(),
-			logging.UnaryServerInterceptor(zapLogger(log), logOpts...),
+			accessLog.unary,
 			recovery.UnaryServerInterceptor(recoverOpt),
 			acc.unary, // who calls, for which tenant, may it, quotas (forgets a refused request's decode error)
 			val.unary, // it must see every request the codec decoded and access let in
 		),
 		grpc.ChainStreamInterceptor(
 			srvMetrics.StreamServerInterceptor(),
-			logging.StreamServerInterceptor(zapLogger(log), logOpts...),
+			accessLog.stream,
 			recovery.StreamServerInterceptor(recoverOpt),
 			acc.stream,
 			val.stream,
@@ -176,24 +174,6 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	s := &Server{GRPC: g, Health: hs, Metrics: reg, consul: consul, log: log, access: acc}
 	s.setServing(false)
 	return s, nil
-}
-
-// accessLevel is the access log's level for a finished call: successful
-// calls (and streams the client closed) only at debug, so the default info
-// level writes no line per RPC; answers caused by the request at info;
-// Consul or the broker in trouble at warn; bugs at error.
-func accessLevel(c codes.Code) logging.Level {
-	switch c {
-	case codes.OK, codes.Canceled:
-		return logging.LevelDebug
-	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.Aborted, codes.DeadlineExceeded,
-		codes.FailedPrecondition, codes.OutOfRange, codes.Unauthenticated:
-		return logging.LevelInfo
-	case codes.Unavailable, codes.PermissionDenied, codes.ResourceExhausted:
-		return logging.LevelWarn
-	default:
-		return logging.LevelError
-	}
 }
 
 // services are the names health reports on ("" is the whole server).
@@ -275,28 +255,4 @@ func (s *Server) HTTPHandler() http.Handler {
 		_, _ = w.Write([]byte("SERVING\n"))
 	})
 	return mux
-}
-
-// zapLogger adapts zap to the logging interceptor. A level the logger does
-// not write costs one check.
-func zapLogger(l *zap.Logger) logging.Logger {
-	levels := map[logging.Level]zapcore.Level{
-		logging.LevelDebug: zapcore.DebugLevel, logging.LevelInfo: zapcore.InfoLevel,
-		logging.LevelWarn: zapcore.WarnLevel, logging.LevelError: zapcore.ErrorLevel,
-	}
-	return logging.LoggerFunc(func(_ context.Context, lvl logging.Level, msg string, fields ...any) {
-		zl, ok := levels[lvl]
-		if !ok {
-			zl = zapcore.ErrorLevel
-		}
-		if !l.Core().Enabled(zl) {
-			return
-		}
-		f := make([]zap.Field, 0, len(fields)/2)
-		for i := 0; i+1 < len(fields); i += 2 {
-			key, _ := fields[i].(string)
-			f = append(f, zap.Any(key, fields[i+1]))
-		}
-		l.WithOptions(zap.AddCallerSkip(1)).Log(zl, msg, f...)
-	})
 }
