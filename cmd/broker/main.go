@@ -56,9 +56,10 @@ type config struct {
 	tenantConsulMaxConns         int
 }
 
-// Bounds of the keepalive flags: the promise that a vanished client's hold
-// is released within 20 s needs a ping after at most 10 s of silence and a
-// timeout of at most 5 s; gRPC does not ping more often than once a second.
+// Bounds of the keepalive flags: DESIGN.md's ping after at most 10 s of
+// silence and a timeout of at most 5 s; gRPC does not ping more often than
+// once a second. A vanished client's hold is released within keepalive
+// time + timeout + the promise bound (see promiseBound) + 0.5 s = 20 s.
 const (
 	maxKeepaliveTime    = 10 * time.Second
 	maxKeepaliveTimeout = 5 * time.Second
@@ -88,7 +89,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.consul.MaxBlocking, "consul-max-blocking", consulstore.DefaultMaxBlocking, "at most this many Consul blocking queries (watches) at once, on connections of their own; more watches share them or wait")
 	fs.IntVar(&c.consul.MaxConns, "consul-max-conns", consulstore.DefaultMaxConns, "at most this many Consul connections for everything else (renewals, lock writes, reads), so watches never starve them; keep both caps together under half of Consul's http_max_conns_per_client (200) for two replicas per host")
 	fs.DurationVar(&c.keepaliveTime, "keepalive-time", server.DefaultKeepaliveTime, "ping a client after this long without hearing from it (1s to 10s)")
-	fs.DurationVar(&c.keepaliveTimeout, "keepalive-timeout", server.DefaultKeepaliveTimeout, "close a client's connection, and end its holds, when a ping is not answered within this (1s to 5s)")
+	fs.DurationVar(&c.keepaliveTimeout, "keepalive-timeout", server.DefaultKeepaliveTimeout, "close a client's connection when a ping is not answered within this (1s to 5s); its holds are kept until their last promise")
 	fs.StringVar(&c.tlsCert, "tls-cert", env("LOCKBROKER_TLS_CERT", ""), "serve gRPC over TLS with this certificate chain (PEM; with --tls-key; reloaded on SIGHUP) (env LOCKBROKER_TLS_CERT)")
 	fs.StringVar(&c.tlsKey, "tls-key", env("LOCKBROKER_TLS_KEY", ""), "the private key of --tls-cert (PEM) (env LOCKBROKER_TLS_KEY)")
 	fs.StringVar(&c.tlsClientCA, "tls-client-ca", env("LOCKBROKER_TLS_CLIENT_CA", ""), "require client certificates signed by these CAs (PEM; mTLS): a connection without one fails its handshake; a caller is then cn:<Common Name> or uri:<URI SAN> (env LOCKBROKER_TLS_CLIENT_CA)")
@@ -188,7 +189,8 @@ func run(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer sec.stores.close()
-	b := broker.New(store, log, append([]broker.Option{broker.WithMaxBlocking(c.consul.MaxBlocking), broker.WithSessionPool()},
+	b := broker.New(store, log, append([]broker.Option{broker.WithMaxBlocking(c.consul.MaxBlocking), broker.WithSessionPool(),
+		broker.WithPromiseBound(promiseBound(c.keepaliveTime, c.keepaliveTimeout))},
 		sec.brokerOptions()...)...)
 	srv, err := server.New(b, store, log, append(sec.serverOptions(), server.WithKeepalive(c.keepaliveTime, c.keepaliveTimeout))...)
 	if err != nil {
@@ -215,7 +217,7 @@ func run(args []string, stderr io.Writer) error {
 	healthDone := make(chan struct{})
 	go func() { defer close(healthDone); srv.WatchHealth(hctx, c.healthInterval) }()
 	grpcDone := make(chan error, 1)
-	go func() { grpcDone <- srv.GRPC.Serve(lis) }()
+	go func() { grpcDone <- srv.GRPC.Serve(server.TrackConns(lis)) }()
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- httpSrv.Serve(hlis) }()
 	log.Info("lockbroker serving", zap.String("grpc", lis.Addr().String()), zap.String("http", hlis.Addr().String()),
@@ -339,4 +341,12 @@ func startDevConsul(ctx context.Context, c config, log *zap.Logger) (*consultest
 		return nil, fmt.Errorf("consul dev agent: %w", err)
 	}
 	return p, nil
+}
+
+// promiseBound is the longest guaranteed_for the broker may send so that a
+// client that vanishes is released within 20 s: the server notices it
+// after keepalive time + timeout, then keeps the hold until the last
+// deadline it promised (the client may be resuming it), plus 0.5 s.
+func promiseBound(keepaliveTime, keepaliveTimeout time.Duration) time.Duration {
+	return 20*time.Second - keepaliveTime - keepaliveTimeout - 500*time.Millisecond
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/consulstore"
 )
 
@@ -67,8 +68,11 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{name: "defaults", check: func(t *testing.T, c config) {
 			assert.Equal(t, 15*time.Second, c.drainTimeout)
-			assert.Equal(t, 10*time.Second, c.keepaliveTime)
-			assert.Equal(t, 5*time.Second, c.keepaliveTimeout)
+			assert.Equal(t, 3*time.Second, c.keepaliveTime)
+			assert.Equal(t, 2*time.Second, c.keepaliveTimeout)
+			// A vanished client: noticed after 5 s, its hold kept until
+			// the last promise (at most the bound) + 0.5 s = 20 s.
+			assert.Equal(t, broker.DefaultPromiseBound, promiseBound(c.keepaliveTime, c.keepaliveTimeout))
 			assert.Equal(t, consulstore.DefaultMaxBlocking, c.consul.MaxBlocking)
 			assert.Equal(t, consulstore.DefaultMaxConns, c.consul.MaxConns)
 		}},
@@ -81,6 +85,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "keepalive", args: []string{"--keepalive-time", "2s", "--keepalive-timeout", "1s"}, check: func(t *testing.T, c config) {
 			assert.Equal(t, 2*time.Second, c.keepaliveTime)
 			assert.Equal(t, time.Second, c.keepaliveTimeout)
+			assert.Equal(t, 16500*time.Millisecond, promiseBound(c.keepaliveTime, c.keepaliveTimeout))
 		}},
 		{name: "consul caps", args: []string{"--consul-max-blocking", "16", "--consul-max-conns", "40"}, check: func(t *testing.T, c config) {
 			assert.Equal(t, 16, c.consul.MaxBlocking)

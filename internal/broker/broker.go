@@ -51,9 +51,10 @@ type Broker struct {
 	grants  map[string]grantInfo // see fillTokens
 	recent  map[string]time.Time // releases this replica made, see Release
 
-	pool        *sessionPool // nil unless WithSessionPool
-	janitorStop context.CancelFunc
-	janitorDone chan struct{} // the janitor and the pool stopped
+	pool         *sessionPool // nil unless WithSessionPool
+	promiseBound time.Duration
+	janitorStop  context.CancelFunc
+	janitorDone  chan struct{} // the janitor and the pool stopped
 }
 
 type options struct {
@@ -63,6 +64,7 @@ type options struct {
 	maxBlocking   int
 	sweepInterval time.Duration
 	janitor       time.Duration
+	promiseBound  time.Duration
 }
 
 // Option configures a Broker.
@@ -86,29 +88,35 @@ func WithSweepInterval(d time.Duration) Option { return func(o *options) { o.swe
 // Default off; the broker binary turns it on.
 func WithSessionPool() Option { return func(o *options) { o.pool = true } }
 
+// WithPromiseBound caps every guaranteed_for the broker sends (default
+// DefaultPromiseBound). A hold whose connection is lost is kept until the
+// last deadline it promised, so a vanished client's hold is released
+// within the server's keepalive detection plus this bound plus half a
+// second: keep the sum within DESIGN.md's 20 s.
+func WithPromiseBound(d time.Duration) Option { return func(o *options) { o.promiseBound = d } }
+
 // New returns a Broker on store. log must not be nil.
 func New(store Store, log *zap.Logger, opts ...Option) *Broker {
-	o := options{maxBlocking: DefaultMaxBlocking, sweepInterval: DefaultSweepInterval, janitor: 15 * time.Second}
+	o := options{maxBlocking: DefaultMaxBlocking, sweepInterval: DefaultSweepInterval, janitor: 15 * time.Second, promiseBound: DefaultPromiseBound}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if o.id == "" {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		o.id = hex.EncodeToString(b[:])
+		o.id = newNonce()
 	}
 	b := &Broker{
-		store:       store,
-		log:         log,
-		id:          o.id,
-		hub:         newHub(store, log, o.maxBlocking, o.sweepInterval),
-		shutdown:    make(chan struct{}),
-		drained:     make(chan struct{}),
-		local:       make(map[string]*hold),
-		waiting:     make(map[*hold]struct{}),
-		tenantStore: o.tenantStore,
-		grants:      make(map[string]grantInfo),
-		recent:      make(map[string]time.Time),
+		store:        store,
+		log:          log,
+		id:           o.id,
+		hub:          newHub(store, log, o.maxBlocking, o.sweepInterval),
+		shutdown:     make(chan struct{}),
+		drained:      make(chan struct{}),
+		local:        make(map[string]*hold),
+		waiting:      make(map[*hold]struct{}),
+		tenantStore:  o.tenantStore,
+		grants:       make(map[string]grantInfo),
+		recent:       make(map[string]time.Time),
+		promiseBound: max(o.promiseBound, time.Second),
 	}
 	jctx, cancel := context.WithCancel(context.Background())
 	b.janitorStop, b.janitorDone = cancel, make(chan struct{})
@@ -120,6 +128,13 @@ func New(store Store, log *zap.Logger, opts ...Option) *Broker {
 	}
 	go func() { bg.Wait(); close(b.janitorDone) }()
 	return b
+}
+
+// newNonce is 16 random hex digits.
+func newNonce() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // ID is this replica's id.

@@ -28,7 +28,7 @@ func (h *hold) finish(released bool) {
 	}
 	for attempt := range maxWriteAttempts {
 		rec := h.record()
-		if rec.index != 0 && rec.Owner != h.b.id && !mutantNoResumeFence {
+		if rec.index != 0 && rec.Owner != h.owner && !mutantNoResumeFence {
 			return // resumed elsewhere: not ours to touch
 		}
 		ops, err := h.finishOps(rec, st, released)
@@ -110,7 +110,7 @@ func (h *hold) recycle(released bool) bool {
 	ctx, cancel := cleanupContext()
 	defer cancel()
 	rec := h.record()
-	if rec.Owner != h.b.id {
+	if rec.Owner != h.owner {
 		return false
 	}
 	giveBack := func(rec *record) bool {

@@ -29,10 +29,16 @@ type hold struct {
 	ren    *renewer
 	pooled *pooled // the pool's session this hold uses, if any
 	guard  *guard  // the session record's index, checked by the sweeper
+	// owner is the record owner this hold writes: the replica's id, or
+	// for a resumed hold the id and a suffix of its own, so that a hold
+	// resumed on the same replica fences the copy it replaced.
+	owner string
 
 	mu  sync.Mutex
 	rec *record   // the session's record as last written or read
 	seq Sequencer // the grant, once held
+	// promised is the latest deadline sent to the client (see promise).
+	promised time.Time
 	// value is the holder's value as last seen in Consul (SetValue may
 	// change it); an unlock writes it back unchanged.
 	value []byte
@@ -83,7 +89,7 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 	} else {
 		h.guard = &guard{} // never fires
 	}
-	if err := send(Event{Kind: EventAcquired, Sequencer: *seq, GuaranteedFor: h.guaranteed(), Resumed: resumed}); err != nil {
+	if err := send(Event{Kind: EventAcquired, Sequencer: *seq, GuaranteedFor: h.guaranteed(), Resumed: resumed}); err != nil && !disconnected(ctx) {
 		h.life.End(Outcome{Kind: OutcomeCanceled})
 	}
 	return h.keep(ctx)
@@ -93,7 +99,7 @@ func (b *Broker) newHold(ctx context.Context, spec AcquireSpec, send func(Event)
 	sem := spec.Semaphore || spec.Limit > 1
 	tenant := TenantFrom(ctx)
 	return &hold{b: b, st: b.storeFor(tenant), tenant: tenant, since: time.Now(), spec: spec, send: send,
-		life: NewLifecycle(), sem: sem, limit: max(spec.Limit, 1), value: spec.Value}
+		life: NewLifecycle(), sem: sem, limit: max(spec.Limit, 1), value: spec.Value, owner: b.id}
 }
 
 // setWaiting adds h to (or removes it from) the waiters ListHolds shows.
@@ -175,12 +181,13 @@ func (h *hold) openSession(ctx context.Context) error {
 	return nil
 }
 
-// guaranteed is how long the hold is safe from now (0 when unknown).
+// guaranteed is how long the hold is promised safe from now (0 when
+// unknown); see promise.
 func (h *hold) guaranteed() time.Duration {
 	if h.ren == nil {
 		return 0
 	}
-	return max(time.Until(h.ren.safeUntil()), 0)
+	return h.promise(h.ren.safeUntil())
 }
 
 // obtain waits for the grant (or re-attaches a resumed one).

@@ -17,48 +17,106 @@ const lossReadTimeout = 500 * time.Millisecond
 // It returns nil after `lost` or `released`, and ctx's error when the
 // client went away.
 func (h *hold) keep(ctx context.Context) error {
-	var renewed <-chan time.Time
-	var failed <-chan error
-	deadline := time.NewTimer(time.Hour)
-	defer deadline.Stop()
-	deadline.Stop()
-	if h.ren != nil {
-		renewed, failed = h.ren.renewed, h.ren.failed
-		deadline.Reset(time.Until(h.ren.safeUntil()))
-	}
-	// Each is handled once (set to nil after): while a release is in
-	// flight the lifecycle defers the End, and a closed channel would
-	// otherwise fire again and again.
-	canceled, shutdown := ctx.Done(), (<-chan struct{})(h.b.shutdown)
+	k := h.newKeeper(ctx)
+	defer k.stop()
 	for {
 		select {
 		case <-h.life.Done():
 			o, _ := h.life.Outcome()
 			return h.conclude(ctx, o)
-		case <-canceled:
-			canceled = nil
+		case <-k.canceled:
+			k.canceled = nil
+			k.streamEnded(ctx)
+		case <-k.linger:
 			h.life.End(Outcome{Kind: OutcomeCanceled})
-		case <-shutdown:
-			shutdown = nil
+		case <-k.shutdown:
+			k.shutdown = nil
 			h.life.End(Outcome{Kind: OutcomeShutdown})
-		case d := <-renewed:
-			deadline.Reset(time.Until(d))
-			if h.send(Event{Kind: EventKeepalive, GuaranteedFor: max(time.Until(d), 0), Sequencer: h.grant()}) != nil {
-				h.life.End(Outcome{Kind: OutcomeCanceled})
-			}
-		case err := <-failed:
+		case d := <-k.renewed:
+			k.deadline.Reset(time.Until(d))
+			k.keepalive(ctx, d)
+		case <-k.tick:
+			k.keepalive(ctx, h.ren.safeUntil())
+		case err := <-k.failed:
 			if errors.Is(err, ErrSessionNotFound) {
 				h.life.End(lost(LostSessionInvalidated, "the session no longer exists in Consul"))
 			} else {
 				h.life.End(lost(LostRenewalFailed, err.Error()))
 			}
-		case <-deadline.C:
+		case <-k.deadline.C:
 			h.life.End(lost(LostRenewalFailed, fmt.Sprintf("no session renewal succeeded within the TTL (%s) less the safety margin; giving the hold up before Consul may grant it to another", h.ttl)))
 		case <-h.sub.wake:
 			h.checkLoss(ctx)
 		case <-h.guard.moved:
 			h.checkOwner(ctx)
 		}
+	}
+}
+
+// keeper is keep's state: the channels it selects on. Each of canceled
+// and shutdown is handled once (set to nil after): while a release is in
+// flight the lifecycle defers the End, and a closed channel would
+// otherwise fire again and again.
+type keeper struct {
+	h                  *hold
+	canceled, shutdown <-chan struct{}
+	renewed            <-chan time.Time
+	failed             <-chan error
+	deadline           *time.Timer
+	ticker             *time.Ticker
+	tick               <-chan time.Time
+	linger             <-chan time.Time // set once the connection was lost
+	lingering          bool
+}
+
+func (h *hold) newKeeper(ctx context.Context) *keeper {
+	k := &keeper{h: h, canceled: ctx.Done(), shutdown: h.b.shutdown, deadline: time.NewTimer(time.Hour)}
+	k.deadline.Stop()
+	if h.ren != nil {
+		k.renewed, k.failed = h.ren.renewed, h.ren.failed
+		k.deadline.Reset(time.Until(h.ren.safeUntil()))
+		// Renewals (every TTL/3) send the keepalives; when they are too
+		// far apart for the promise bound, a ticker sends more.
+		if every := h.b.promiseBound / 3; every > 0 && h.ttl/3 > every {
+			k.ticker = time.NewTicker(every)
+			k.tick = k.ticker.C
+		}
+	}
+	return k
+}
+
+func (k *keeper) stop() {
+	k.deadline.Stop()
+	if k.ticker != nil {
+		k.ticker.Stop()
+	}
+}
+
+// streamEnded decides what the end of the stream means: a cancel ends the
+// hold; a lost connection keeps it until the last promised deadline (see
+// link.go).
+func (k *keeper) streamEnded(ctx context.Context) {
+	h := k.h
+	if !disconnected(ctx) {
+		h.life.End(Outcome{Kind: OutcomeCanceled})
+		return
+	}
+	until := h.lingerUntil()
+	h.b.log.Debug("connection lost; keeping the hold until its promise ends", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Time("until", until))
+	k.lingering = true
+	k.linger = time.After(time.Until(until))
+}
+
+// keepalive tells the client how long the hold is safe (nobody listens
+// once the connection is lost).
+func (k *keeper) keepalive(ctx context.Context, safeUntil time.Time) {
+	h := k.h
+	if k.lingering {
+		return
+	}
+	if h.send(Event{Kind: EventKeepalive, GuaranteedFor: h.promise(safeUntil), Sequencer: h.grant()}) != nil {
+		k.canceled = nil // the stream is broken: decide now
+		k.streamEnded(ctx)
 	}
 }
 
@@ -119,7 +177,7 @@ func (h *hold) checkOwner(ctx context.Context) {
 	switch {
 	case err != nil:
 		return
-	case rec.index != 0 && rec.Owner != h.b.id:
+	case rec.index != 0 && rec.Owner != h.owner:
 		h.life.End(Outcome{Kind: OutcomeResumed})
 	default:
 		h.guard.index.Store(rec.index)
@@ -138,7 +196,7 @@ func (h *hold) lossOutcome(ctx context.Context, seq Sequencer, o Outcome) Outcom
 	}
 	_, listed := rec.Holds[seq.Key]
 	switch {
-	case h.owned && rec.index != 0 && rec.Owner != h.b.id:
+	case h.owned && rec.index != 0 && rec.Owner != h.owner:
 		return Outcome{Kind: OutcomeResumed}
 	case rec.index == 0 || !rec.live:
 		return lost(LostSessionInvalidated, "the session was destroyed or invalidated in Consul ("+o.Detail+")")
@@ -176,7 +234,7 @@ func (h *hold) conclude(ctx context.Context, o Outcome) error {
 		}
 		var err error
 		if !mutantNoLossNotice {
-			err = h.send(Event{Kind: EventLost, Reason: LostBrokerShutdown, Sequencer: h.grant(), GuaranteedFor: max(time.Until(until), 0),
+			err = h.send(Event{Kind: EventLost, Reason: LostBrokerShutdown, Sequencer: h.grant(), GuaranteedFor: h.promise(until),
 				Detail: "the broker is shutting down; resume the hold on another replica with this sequencer before guaranteed_for runs out"})
 		}
 		h.drain(ctx)
@@ -213,9 +271,14 @@ func (h *hold) sendLost(r LostReason, detail string) error {
 // drain keeps a hold whose broker is shutting down until the client has
 // had the drain time to resume it elsewhere (or closed the stream), then
 // releases it unless it was resumed: the record's guard decides.
+// A lost connection is not a client giving up: the hold is kept for the
+// whole drain, which is what the client was promised.
 func (h *hold) drain(ctx context.Context) {
 	select {
 	case <-ctx.Done():
+		if disconnected(ctx) {
+			<-h.b.drained
+		}
 	case <-h.b.drained:
 	}
 	if !h.b.abandoning() {

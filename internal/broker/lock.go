@@ -111,7 +111,7 @@ func (h *hold) txnFailure(ctx context.Context, err error, recAt int) error {
 		if rerr != nil {
 			return rerr
 		}
-		if h.owned && rec.Owner != h.b.id && rec.index != 0 {
+		if h.owned && rec.Owner != h.owner && rec.index != 0 {
 			return newError(ErrAborted, ReasonSessionLost, "the request's session %s is now owned by another replica", h.session)
 		}
 		h.setRecord(rec)

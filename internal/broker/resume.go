@@ -53,7 +53,10 @@ func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 		}
 		e := st.entry(target)
 		next := rec.next()
-		next.Owner = h.b.id
+		// An owner of this hold's own: a copy of the hold left on this
+		// replica (its connection lost) is fenced too.
+		h.owner = h.b.id + "/" + newNonce()
+		next.Owner = h.owner
 		ops := append(rec.writeOps(next),
 			Op{Verb: OpCheckIndex, Key: target, Index: e.ModifyIndex},
 			Op{Verb: OpCheckSession, Key: target, Session: seq.Session})

@@ -97,7 +97,7 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 		}
 		for key := range rec.Holds {
 			if strings.HasPrefix(key, prefix) {
-				hi := HoldInfo{Tenant: rec.Tenant, Key: key, Session: rec.session, Token: rec.token(key), Replica: rec.Owner}
+				hi := HoldInfo{Tenant: rec.Tenant, Key: key, Session: rec.session, Token: rec.token(key), Replica: replicaOf(rec.Owner)}
 				if ms := rec.Since[key]; ms > 0 {
 					hi.Since = time.UnixMilli(ms)
 				}
@@ -178,4 +178,11 @@ func forceOps(st *State) ([]Op, error) {
 		}
 	}
 	return ops, nil
+}
+
+// replicaOf is the replica part of a record's owner (a resumed hold's
+// owner adds a suffix of its own: see resume).
+func replicaOf(owner string) string {
+	replica, _, _ := strings.Cut(owner, "/")
+	return replica
 }

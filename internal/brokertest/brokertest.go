@@ -79,7 +79,7 @@ func Start(t testing.TB, agent *consultest.Agent, opts ...Option) *Replica {
 		t.Fatalf("listen: %v", err)
 	}
 	r := &Replica{Addr: lis.Addr().String(), Broker: b, Store: store, srv: srv, done: make(chan struct{})}
-	go func() { defer close(r.done); _ = srv.GRPC.Serve(lis) }()
+	go func() { defer close(r.done); _ = srv.GRPC.Serve(server.TrackConns(lis)) }()
 	t.Cleanup(r.Stop)
 	return r
 }

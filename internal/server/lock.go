@@ -38,7 +38,7 @@ func (s *LockService) Acquire(req *lockbrokerv1.AcquireRequest, stream grpc.Serv
 		seq := seqFromProto(r)
 		spec.Resume = &seq
 	}
-	err = s.broker.Acquire(stream.Context(), spec, func(e broker.Event) error {
+	err = s.broker.Acquire(withConnGone(stream.Context()), spec, func(e broker.Event) error {
 		return stream.Send(eventToProto(e))
 	})
 	return toStatus(s.log, err)

@@ -445,7 +445,8 @@ type isAcquireRequest_Session interface {
 
 type AcquireRequest_NewSession struct {
 	// The broker creates a session with these options, renews it while the
-	// stream is open, and destroys it when the stream ends. Nothing the
+	// stream is open, and destroys it when the stream ends (see Acquire for
+	// a lost connection). Nothing the
 	// client does can leak the hold past 2 x TTL.
 	NewSession *SessionOptions `protobuf:"bytes,5,opt,name=new_session,json=newSession,proto3,oneof"`
 }

@@ -58,10 +58,14 @@ type LockServiceClient interface {
 	// NOT_FOUND for an unknown session_id; UNAVAILABLE when Consul cannot be
 	// reached.
 	//
-	// Closing the stream (cancel, disconnect) releases a hold whose session
-	// the broker created and destroys that session. A hold on a client-owned
-	// session (`session_id`) stays until the client releases it or the
-	// session ends.
+	// Cancelling the stream releases a hold whose session the broker created
+	// at once. A stream that ends because its connection was lost (reset,
+	// closed, or given up by keepalive) may belong to a client that still
+	// believes it holds the lock, up to the last `guaranteed_for` it
+	// received, and is resuming it: the broker keeps such a hold until that
+	// deadline (+0.5 s) unless it is resumed, then releases it. A client that
+	// vanishes is released within 20 s. A hold on a client-owned session
+	// (`session_id`) stays until the client releases it or the session ends.
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AcquireResponse], error)
 	// Release ends a hold given its key and session, from any broker replica.
 	// The stream that holds it (on whichever replica) sends `released` and
@@ -219,10 +223,14 @@ type LockServiceServer interface {
 	// NOT_FOUND for an unknown session_id; UNAVAILABLE when Consul cannot be
 	// reached.
 	//
-	// Closing the stream (cancel, disconnect) releases a hold whose session
-	// the broker created and destroys that session. A hold on a client-owned
-	// session (`session_id`) stays until the client releases it or the
-	// session ends.
+	// Cancelling the stream releases a hold whose session the broker created
+	// at once. A stream that ends because its connection was lost (reset,
+	// closed, or given up by keepalive) may belong to a client that still
+	// believes it holds the lock, up to the last `guaranteed_for` it
+	// received, and is resuming it: the broker keeps such a hold until that
+	// deadline (+0.5 s) unless it is resumed, then releases it. A client that
+	// vanishes is released within 20 s. A hold on a client-owned session
+	// (`session_id`) stays until the client releases it or the session ends.
 	Acquire(*AcquireRequest, grpc.ServerStreamingServer[AcquireResponse]) error
 	// Release ends a hold given its key and session, from any broker replica.
 	// The stream that holds it (on whichever replica) sends `released` and

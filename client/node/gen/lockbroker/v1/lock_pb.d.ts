@@ -133,7 +133,8 @@ export declare type AcquireRequest = Message<"lockbroker.v1.AcquireRequest"> & {
   session: {
     /**
      * The broker creates a session with these options, renews it while the
-     * stream is open, and destroys it when the stream ends. Nothing the
+     * stream is open, and destroys it when the stream ends (see Acquire for
+     * a lost connection). Nothing the
      * client does can leak the hold past 2 x TTL.
      *
      * @generated from field: lockbroker.v1.SessionOptions new_session = 5;
@@ -835,10 +836,14 @@ export declare const LockService: GenService<{
    * NOT_FOUND for an unknown session_id; UNAVAILABLE when Consul cannot be
    * reached.
    *
-   * Closing the stream (cancel, disconnect) releases a hold whose session
-   * the broker created and destroys that session. A hold on a client-owned
-   * session (`session_id`) stays until the client releases it or the
-   * session ends.
+   * Cancelling the stream releases a hold whose session the broker created
+   * at once. A stream that ends because its connection was lost (reset,
+   * closed, or given up by keepalive) may belong to a client that still
+   * believes it holds the lock, up to the last `guaranteed_for` it
+   * received, and is resuming it: the broker keeps such a hold until that
+   * deadline (+0.5 s) unless it is resumed, then releases it. A client that
+   * vanishes is released within 20 s. A hold on a client-owned session
+   * (`session_id`) stays until the client releases it or the session ends.
    *
    * @generated from rpc lockbroker.v1.LockService.Acquire
    */
