@@ -56,10 +56,12 @@ type Server struct {
 // Server keepalive defaults: the promise that a vanished client's
 // broker-owned hold is released within 20 s rests on them (ping after
 // DefaultKeepaliveTime without reads from the client, give the connection
-// up DefaultKeepaliveTimeout later, then release the hold).
+// up DefaultKeepaliveTimeout later; the hold is then kept until the last
+// guaranteed_for promised, at most broker.DefaultPromiseBound, plus half
+// a second, since the client may be resuming it: 3 + 2 + 14.5 + 0.5).
 const (
-	DefaultKeepaliveTime    = 10 * time.Second
-	DefaultKeepaliveTimeout = 5 * time.Second
+	DefaultKeepaliveTime    = 3 * time.Second
+	DefaultKeepaliveTimeout = 2 * time.Second
 	// KeepaliveMinClientInterval is the shortest interval at which clients
 	// may ping the server, with or without open streams; pinging more
 	// often gets the connection closed (ENHANCE_YOUR_CALM).
