@@ -69,11 +69,12 @@ var resultNames = [numResults]string{
 
 // resultOf classifies a call's final error.
 func resultOf(err error) result {
+	if err == nil {
+		return resOK // before the targets of errors.As, which escape to the heap
+	}
 	var se *broker.StoreError
 	var te *broker.TxnError
 	switch {
-	case err == nil:
-		return resOK
 	case errors.As(err, &se):
 		switch se.Kind {
 		case broker.StorePermissionDenied:

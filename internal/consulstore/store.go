@@ -120,6 +120,9 @@ type Store struct {
 	opts Options
 	// c serves every call but Watch; blockingC serves Watch.
 	c, blockingC *api.Client
+	// txn makes the transaction calls of c without the api package (nil
+	// for a Store built by New: api.Txn then).
+	txn *txnEndpoint
 	// transports are closed by Close (nil for a Store built by New).
 	transports []*http.Transport
 	// secrets are redacted from every error text.
@@ -149,7 +152,7 @@ func Open(cfg *api.Config, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, tr, token, err := newClient(*cfg, opts.MaxConns)
+	c, tr, txn, err := newClient(*cfg, opts.MaxConns)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +163,8 @@ func Open(cfg *api.Config, opts Options) (*Store, error) {
 	}
 	s := newStore(c, bc, opts)
 	s.transports = []*http.Transport{tr, btr}
-	s.secrets = secretsOf(cfg, token)
+	s.txn = txn
+	s.secrets = secretsOf(cfg, txn.token())
 	return s, nil
 }
 

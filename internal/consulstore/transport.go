@@ -9,16 +9,16 @@ import (
 )
 
 // newClient builds an api.Client for cfg on a transport of its own, capped
-// at maxConns connections, and returns the client, its transport and the
-// token it sends. api.NewClient fills cfg from the environment (token, TLS
+// at maxConns connections, and returns the client, its transport and its
+// transaction endpoint (with the token it sends). api.NewClient fills cfg from the environment (token, TLS
 // files) and sets the transport's TLS config from cfg.TLSConfig unless the
 // transport already has one, so both clients of a Store get the same TLS.
-func newClient(cfg api.Config, maxConns int) (*api.Client, *http.Transport, string, error) {
+func newClient(cfg api.Config, maxConns int) (*api.Client, *http.Transport, *txnEndpoint, error) {
 	cfg.Transport = newTransport(cfg.Transport)
 	cfg.HttpClient = nil
 	c, err := api.NewClient(&cfg)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, nil, err
 	}
 	// cfg.HttpClient is now the client c uses (for a unix:// address, on a
 	// transport api.NewClient made itself): limit and wrap its transport.
@@ -27,7 +27,7 @@ func newClient(cfg api.Config, maxConns int) (*api.Client, *http.Transport, stri
 	tr.MaxIdleConnsPerHost = maxConns
 	tr.MaxIdleConns = max(tr.MaxIdleConns, maxConns)
 	cfg.HttpClient.Transport = recorder{next: tr}
-	return c, tr, cfg.Token, nil
+	return c, tr, newTxnEndpoint(&cfg), nil
 }
 
 // newTransport returns a new transport with base's settings (those of

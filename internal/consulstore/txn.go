@@ -48,7 +48,7 @@ func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, erro
 	if len(ops) == 0 {
 		return []*broker.Entry{}, nil
 	}
-	txn, write, err := txnOps(ops)
+	write, err := checkOps(ops)
 	if err != nil {
 		return nil, &broker.StoreError{Kind: broker.StoreRejected, Op: opNames[opKVTxnWrite].consul, Err: err}
 	}
@@ -57,15 +57,20 @@ func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, erro
 		kind = opKVTxnWrite
 	}
 	c := s.begin(ctx, kind, s.opts.CallTimeout)
-	q := &api.QueryOptions{}
-	ok, resp, _, err := s.c.Txn().Txn(txn, q.WithContext(c.ctx))
+	var ok bool
+	var a *txnAnswer
+	if s.txn != nil {
+		ok, a, err = s.txn.do(c.ctx, ops)
+	} else {
+		ok, a, err = s.apiTxn(c.ctx, ops)
+	}
 	var out []*broker.Entry
 	switch {
 	case err != nil:
 	case !ok:
-		err = c.rolledBack(ops, resp.Errors)
+		err = c.rolledBack(ops, a.Errors)
 	default:
-		out, err = c.results(ops, resp.Results)
+		out, err = c.results(ops, a)
 	}
 	if err = c.end(err); err != nil {
 		return nil, err
@@ -73,19 +78,49 @@ func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, erro
 	return out, nil
 }
 
-// txnOps converts ops to Consul's, and reports whether any writes.
-func txnOps(ops []broker.Op) (api.TxnOps, bool, error) {
+// checkOps checks ops before any call, and reports whether any writes.
+func checkOps(ops []broker.Op) (bool, error) {
 	if len(ops) > broker.MaxTxnOps {
-		return nil, false, fmt.Errorf("%d operations, more than Consul's %d", len(ops), broker.MaxTxnOps)
+		return false, fmt.Errorf("%d operations, more than Consul's %d", len(ops), broker.MaxTxnOps)
 	}
-	txn := make(api.TxnOps, 0, len(ops))
 	write := false
 	for i, op := range ops {
 		v, known := verbs[op.Verb]
 		if !known {
-			return nil, false, fmt.Errorf("operation %d: unsupported verb %q", i, op.Verb)
+			return false, fmt.Errorf("operation %d: unsupported verb %q", i, op.Verb)
 		}
 		write = write || v.write
+	}
+	return write, nil
+}
+
+// apiTxn runs ops through api.Txn (a Store built by New, which has no
+// txnEndpoint) and returns the answer as txnEndpoint.do does.
+func (s *Store) apiTxn(ctx context.Context, ops []broker.Op) (bool, *txnAnswer, error) {
+	ok, resp, _, err := s.c.Txn().Txn(txnOps(ops), (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return false, nil, err
+	}
+	a := &txnAnswer{}
+	for _, e := range resp.Errors {
+		a.Errors = append(a.Errors, txnErr{OpIndex: e.OpIndex, What: e.What})
+	}
+	for _, r := range resp.Results {
+		var kv *txnKV
+		if r != nil && r.KV != nil {
+			p := r.KV
+			kv = &txnKV{Key: p.Key, Value: p.Value, Flags: p.Flags, Session: p.Session,
+				LockIndex: p.LockIndex, CreateIndex: p.CreateIndex, ModifyIndex: p.ModifyIndex}
+		}
+		a.Results = append(a.Results, struct{ KV *txnKV }{kv})
+	}
+	return ok, a, nil
+}
+
+// txnOps converts checked ops to Consul's.
+func txnOps(ops []broker.Op) api.TxnOps {
+	txn := make(api.TxnOps, 0, len(ops))
+	for _, op := range ops {
 		txn = append(txn, &api.TxnOp{KV: &api.KVTxnOp{
 			Verb:    api.KVOp(op.Verb),
 			Key:     op.Key,
@@ -95,13 +130,14 @@ func txnOps(ops []broker.Op) (api.TxnOps, bool, error) {
 			Session: op.Session,
 		}})
 	}
-	return txn, write, nil
+	return txn
 }
 
 // results puts each of Consul's results back at the position of the op
 // that produced it. Fewer results than ops that produce one means Consul
 // filtered some by ACLs.
-func (c *call) results(ops []broker.Op, res api.TxnResults) ([]*broker.Entry, error) {
+func (c *call) results(ops []broker.Op, a *txnAnswer) ([]*broker.Entry, error) {
+	res := a.Results
 	want := 0
 	for _, op := range ops {
 		if verbs[op.Verb].result {
@@ -118,8 +154,9 @@ func (c *call) results(ops []broker.Op, res api.TxnResults) ([]*broker.Entry, er
 		if !verbs[op.Verb].result {
 			continue
 		}
-		if r := res[next]; r != nil && r.KV != nil {
-			out[i] = entry(r.KV)
+		if kv := res[next].KV; kv != nil {
+			out[i] = &broker.Entry{Key: kv.Key, Value: kv.Value, Flags: kv.Flags, Session: kv.Session,
+				LockIndex: kv.LockIndex, CreateIndex: kv.CreateIndex, ModifyIndex: kv.ModifyIndex}
 		}
 		next++
 	}
@@ -131,7 +168,7 @@ func (c *call) results(ops []broker.Op, res api.TxnResults) ([]*broker.Entry, er
 const permissionDenied = "Permission denied"
 
 // rolledBack builds the error of a transaction Consul rolled back (HTTP 409).
-func (c *call) rolledBack(ops []broker.Op, errs api.TxnErrors) error {
+func (c *call) rolledBack(ops []broker.Op, errs []txnErr) error {
 	if len(errs) == 0 {
 		return c.fail(broker.StoreRejected, errors.New("transaction rolled back without errors"))
 	}
