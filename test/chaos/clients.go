@@ -28,6 +28,8 @@ type Env struct {
 	LockDelay time.Duration
 	// IgnoreTokens: clients send no token to the resource (no-fencing).
 	IgnoreTokens bool
+	// LongHolds: holds last 15–25s outside quiet periods.
+	LongHolds bool
 }
 
 // Client is one client of the run: a goroutine (two for observers) with
@@ -137,6 +139,9 @@ func (c *Client) between(lo, hi time.Duration) time.Duration {
 func (c *Client) holdTime() time.Duration {
 	if c.env.Quiet.Load() {
 		return c.between(100*time.Millisecond, 400*time.Millisecond)
+	}
+	if c.env.LongHolds {
+		return c.between(15*time.Second, 25*time.Second)
 	}
 	switch c.Kind {
 	case KindElect:

@@ -68,6 +68,7 @@ func specs(ttl, lockDelay time.Duration) []faultSpec {
 		{FClientFreeze, laneClient, 0.5, straddle + 2*time.Second, straddle + 6*time.Second},
 		{FClientFreezeReset, laneClient, 0.5, straddle + 2*time.Second, straddle + 6*time.Second},
 		{FSessionDestroy, laneClient, 2, 0, 0},
+		{FBrokerPauseFailover, laneProcess, 1, ttl + time.Second, ttl + 3*time.Second},
 	}
 }
 

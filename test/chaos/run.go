@@ -36,6 +36,9 @@ type Profile struct {
 	Must    []string
 	// Liveness is checked only with quiet periods long enough.
 	CheckLiveness bool
+	// LongHolds: outside quiet periods every hold lasts 15–25s (so that
+	// holds resumed elsewhere are still live when a stale replica wakes).
+	LongHolds bool
 	// LinTimeout bounds porcupine.
 	LinTimeout time.Duration
 }
@@ -84,9 +87,14 @@ func MutantProfile(mutant string) Profile {
 	case "no-fencing":
 		p.Must = []string{FClientFreezeReset}
 	case "no-resume-fence":
-		p.Must = []string{FBrokerTerm, FClientReset, FClientPartition, FBrokerTerm}
-		p.Weights[FBrokerTerm] = 4
+		// A stale replica waking past its safe deadline after its clients
+		// resumed elsewhere, twice first, with holds long enough to be live
+		// when it wakes.
+		p.Must = []string{FBrokerPauseFailover, FBrokerPauseFailover, FClientReset}
+		p.Weights[FBrokerPauseFailover] = 4
+		p.Weights[FBrokerTerm] = 2
 		p.Weights[FClientReset] = 3
+		p.LongHolds = true
 	}
 	return p
 }
@@ -142,7 +150,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r := &run{cfg: cfg, p: p, prefix: fmt.Sprintf("chaos/%d-%s", cfg.Seed, tag), hist: NewHistory(),
 		res: NewResource(cfg.Mutant != "no-fencing"), net: NewNetwork()}
 	defer r.net.Close()
-	r.env = &Env{Hist: r.hist, Res: r.res, Quiet: &r.quiet, TTL: p.TTL, LockDelay: p.LockDelay, IgnoreTokens: cfg.Mutant == "no-fencing"}
+	r.env = &Env{Hist: r.hist, Res: r.res, Quiet: &r.quiet, TTL: p.TTL, LockDelay: p.LockDelay, IgnoreTokens: cfg.Mutant == "no-fencing", LongHolds: p.LongHolds}
 	sched := Plan(cfg.Seed, p.Total, p.ChaosLen, p.QuietLen, p.TTL, p.LockDelay, p.Weights, p.Must)
 	r.logf("run %s: seed %d (SEED=%d replays it), profile %s, %d faults planned: %s", tag, cfg.Seed, cfg.Seed, p.Name,
 		sched.Count(), describeKinds(sched.ByKind()))
@@ -582,6 +590,8 @@ func (r *run) inject(ctx context.Context, p Planned) {
 			}
 		}
 		r.end(f)
+	case FBrokerPauseFailover:
+		r.pauseFailover(ctx, p)
 	case FConsulLeaderKill, FConsulFollowerKill:
 		leader, err := r.cluster.Leader(ctx)
 		if err != nil {
