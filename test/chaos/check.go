@@ -359,7 +359,7 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // on push that bound (checkVanished).
 func CheckLiveness(s *Snapshot, recovery, vanish time.Duration, clients map[int]ClientKind) Result {
 	r := newResult(CheckerLiveness)
-	plain, pushed := checkVanished(s, VanishBounds{Vanish: vanish, Recovery: recovery}, &r)
+	plain, pushed := checkVanished(s, VanishBounds{Vanish: vanish, Recovery: recovery, Handover: max(vanish-releaseBound, 0)}, &r)
 	checked := plain + pushed
 	for _, q := range s.Quiets {
 		from := q.Start + recovery

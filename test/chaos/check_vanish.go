@@ -6,6 +6,10 @@ import (
 	"time"
 )
 
+// releaseBound is DESIGN.md's promise for a vanished client: its
+// broker-owned hold is released within 20s.
+const releaseBound = 20 * time.Second
+
 // VanishBounds are the promises a vanished holder's lock is held to.
 type VanishBounds struct {
 	// Vanish: DESIGN.md, "Loss detection": a client that vanishes is
@@ -20,6 +24,10 @@ type VanishBounds struct {
 	// leader re-arms every session timer), then the lock-delay: 2×TTL +
 	// lock-delay + 5s after such a fault ends.
 	Recovery time.Duration
+	// Handover is the part of a bound after the release is due (the
+	// lock-delay and 1s): a fault that starts then cannot have stopped
+	// the release.
+	Handover time.Duration
 }
 
 // excuse is how long after fault f a vanished holder's lock may still be
@@ -55,9 +63,10 @@ func (b VanishBounds) excuse(f Fault, fr Freeze) time.Duration {
 }
 
 // deadline is when the lock of a client frozen by fr must have gone to
-// someone else: fr.Start + Vanish, pushed past every fault that starts
-// before the deadline (as pushed so far), is still on at fr.Start, and
-// touches the hold, to that fault's end plus its excuse. It also says how
+// someone else: fr.Start + Vanish, pushed past every fault that touches
+// the hold, is still on at fr.Start, and starts before the release is due
+// (the deadline as pushed so far, less Handover), to that fault's end
+// plus its excuse. It also says how
 // many faults pushed it.
 func (b VanishBounds) deadline(s *Snapshot, fr Freeze) (time.Duration, int) {
 	faults := append([]Fault(nil), s.Faults...)
@@ -68,7 +77,7 @@ func (b VanishBounds) deadline(s *Snapshot, fr Freeze) (time.Duration, int) {
 		if end == 0 {
 			end = s.End
 		}
-		if f.Start > dl || end < fr.Start {
+		if f.Start > dl-b.Handover || end < fr.Start {
 			continue
 		}
 		if ex := b.excuse(f, fr); ex > 0 && end+ex > dl {

@@ -13,7 +13,7 @@ import (
 // Consul election left the session to expire by its TTL (then 2×TTL +
 // lock-delay + 5s = 27s after that fault ends).
 func TestCheckVanished(t *testing.T) {
-	b := VanishBounds{Vanish: s(23), Recovery: s(27)}
+	b := VanishBounds{Vanish: s(23), Recovery: s(27), Handover: s(3)}
 	fr := Freeze{Client: 1, Start: s(2), End: s(30), Silent: true, Replica: "broker-1", Server: "consul-1"}
 	held := lockHold(1, 1, 10, 1, 40, "lost:LOCAL_DEADLINE")
 	late := lockHold(2, 2, 20, 35, 36, EndReleased) // 33s after the freeze
@@ -35,7 +35,8 @@ func TestCheckVanished(t *testing.T) {
 		{Kind: FConsulFollowerKill, Target: "consul-0", Start: s(5), End: s(9)},
 		{Kind: FConsulLatency, Target: "broker-1↔consul", Start: s(5), End: s(15)}, // slow, not failing
 		{Kind: FClientPartition, Target: "client-3(lib)↔every broker", Start: s(5), End: s(15)},
-		{Kind: FBrokerKill, Target: "broker-1", Start: s(26), End: s(27)}, // after the bound
+		{Kind: FBrokerKill, Target: "broker-1", Start: s(26), End: s(27)},   // after the bound
+		{Kind: FBrokerKill, Target: "broker-1", Start: s(22.5), End: s(23)}, // after the release was due (2s + 20s)
 	} {
 		assert.False(t, check(f).OK, "%s on %s", f.Kind, f.Target)
 	}
