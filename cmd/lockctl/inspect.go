@@ -92,7 +92,9 @@ func cmdRelease(ctx context.Context, c *cli, args []string) error {
 	fs := c.flagSet("release", "KEY SESSION [flags]",
 		"End the hold of SESSION on KEY, from anywhere. The process holding it\n"+
 			"(e.g. a `lockctl lock`) is told the lock is lost. Releasing a key the\n"+
-			"session no longer holds succeeds and says so.\n")
+			"session no longer holds succeeds and says so. --grant-token releases only that\n"+
+			"grant (needed for a grant on a session the broker reused for the key).\n")
+	token := fs.Uint64("grant-token", 0, "the grant's token (acquired.sequencer.token): release only that grant")
 	pos, err := c.parseArgs(fs, args, "KEY", "SESSION")
 	if err != nil {
 		return err
@@ -102,7 +104,7 @@ func cmdRelease(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	resp, err := lockbrokerv1.NewLockServiceClient(conn).Release(ctx, &lockbrokerv1.ReleaseRequest{Key: pos[0], SessionId: pos[1]})
+	resp, err := lockbrokerv1.NewLockServiceClient(conn).Release(ctx, &lockbrokerv1.ReleaseRequest{Key: pos[0], SessionId: pos[1], Token: *token})
 	if err != nil {
 		return err
 	}

@@ -246,6 +246,7 @@ func (b *Broker) janitor(ctx context.Context, every time.Duration) {
 		if err != nil {
 			continue
 		}
+		var dead []Op
 		for _, e := range entries {
 			if e.Session != "" {
 				continue
@@ -254,8 +255,25 @@ func (b *Broker) janitor(ctx context.Context, every time.Duration) {
 			for key := range rec.Holds {
 				b.cleanSemaphore(ctx, key, rec.session)
 			}
-			_, _ = b.store.Txn(ctx, []Op{{Verb: OpDeleteCAS, Key: e.Key, Index: e.ModifyIndex}})
+			dead = append(dead, Op{Verb: OpDeleteCAS, Key: e.Key, Index: e.ModifyIndex})
 		}
+		b.deleteRecords(ctx, dead)
+	}
+}
+
+// deleteRecords runs the deletions of dead records, many per transaction
+// (a retired pool session leaves its record to this); a batch that fails
+// (a record moved) is retried one by one.
+func (b *Broker) deleteRecords(ctx context.Context, ops []Op) {
+	const batch = 64
+	for len(ops) > 0 && ctx.Err() == nil {
+		n := min(len(ops), batch)
+		if _, err := b.store.Txn(ctx, ops[:n]); err != nil && n > 1 {
+			for _, op := range ops[:n] {
+				_, _ = b.store.Txn(ctx, []Op{op})
+			}
+		}
+		ops = ops[n:]
 	}
 }
 

@@ -32,10 +32,12 @@ func (h *hold) finish(released bool) {
 			return // resumed elsewhere: not ours to touch
 		}
 		ops, err := h.finishOps(rec, st, released)
+		var res []*Entry
 		if err == nil {
-			_, err = h.st.Txn(ctx, ops)
+			res, err = h.st.Txn(ctx, ops)
 		}
 		if err == nil {
+			h.b.noteRelease(ops, res)
 			h.destroy(ctx)
 			return
 		}
@@ -145,6 +147,7 @@ func (h *hold) recycle(released bool) bool {
 	if err != nil {
 		return false
 	}
+	h.b.noteRelease(ops, res)
 	next.index, next.live = res[1].ModifyIndex, true
 	return giveBack(next)
 }

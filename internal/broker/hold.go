@@ -28,6 +28,7 @@ type hold struct {
 	sub    *sub
 	ren    *renewer
 	pooled *pooled // the pool's session this hold uses, if any
+	again  bool    // the pooled session held the key before (record.Again)
 	guard  *guard  // the session record's index, checked by the sweeper
 	// owner is the record owner this hold writes: the replica's id, or
 	// for a resumed hold the id and a suffix of its own, so that a hold
@@ -59,7 +60,7 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 		return err
 	}
 	b.setWaiting(h, true)
-	h.sub = b.hub.subscribe(spec.Key)
+	h.sub = b.hub.subscribeLazy(spec.Key)
 	defer h.sub.close()
 
 	rctx, stopRenew := context.WithCancel(context.Background())
@@ -154,9 +155,9 @@ func (h *hold) openSession(ctx context.Context) error {
 		return nil
 	}
 	if s.NewSession == nil && h.tenant == "" && h.b.pool != nil {
-		if p := h.b.pool.get(s.Key); p != nil {
+		if p, again := h.b.pool.get(s.Key); p != nil {
 			h.session, h.owned, h.ttl, h.start = p.id, true, DefaultTTL, p.renewed
-			h.rec, h.pooled = p.rec, p
+			h.rec, h.pooled, h.again = p.rec, p, again
 			return nil
 		}
 	}

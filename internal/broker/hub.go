@@ -56,6 +56,7 @@ type hub struct {
 	watches   map[string]*keyWatch
 	dedicated int // running dedicated queries, lingering ones included
 	guards    map[*guard]struct{}
+	known     knownFree // see known.go
 	kick      chan struct{}
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -77,6 +78,7 @@ type keyWatch struct {
 	h         *hub
 	key       string
 	dedicated bool
+	pending   bool // not started yet (see subscribeLazy); under h.mu
 
 	mu      sync.Mutex
 	entries []*Entry // at key and under key/, sorted by key
@@ -108,20 +110,19 @@ type sub struct {
 // fingerprint summarises a key's entries to tell whether they changed.
 type fingerprint struct{ n, max, sum uint64 }
 
-// subscribe returns a subscription to key, starting a watch if needed.
-func (h *hub) subscribe(key string) *sub {
+func (h *hub) subscribeAt(key string, lazy bool) *sub {
 	h.mu.Lock()
 	kw := h.watches[key]
 	if kw == nil {
-		kw = &keyWatch{h: h, key: key, stale: true, subs: make(map[*sub]struct{}), delays: make(map[string]time.Duration)}
+		kw = &keyWatch{h: h, key: key, stale: true, subs: make(map[*sub]struct{}), delays: make(map[string]time.Duration), pending: true}
 		h.watches[key] = kw
-		if h.dedicated < h.maxDedicated {
-			kw.dedicated = true
-			h.dedicated++
-			h.wg.Go(func() { kw.run(h.ctx) })
+		if lazy {
+			time.AfterFunc(watchDelay, func() { h.start(kw) })
 		} else {
-			h.kickLocked()
+			h.startLocked(kw)
 		}
+	} else if !lazy {
+		h.startLocked(kw)
 	}
 	s := &sub{kw: kw, wake: make(chan struct{}, 1)}
 	kw.mu.Lock()
@@ -158,7 +159,10 @@ func (s *sub) close() {
 // key whose holder changed it through this replica).
 func (s *sub) refresh() {
 	kw := s.kw
-	if kw.dedicated {
+	kw.h.mu.Lock()
+	skip := kw.dedicated || kw.pending
+	kw.h.mu.Unlock()
+	if skip {
 		return
 	}
 	kw.mu.Lock()

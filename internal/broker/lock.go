@@ -51,6 +51,9 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 	next := rec.next()
 	next.Holds[key] = 0
 	next.Since[key] = time.Now().UnixMilli()
+	if h.again {
+		next.Again[key] = true
+	}
 	recAt := len(ops)
 	ops = append(ops, rec.writeOps(next)...)
 	ops = append(ops, Op{Verb: OpLock, Key: key, Value: h.spec.Value, Flags: LockFlagValue, Session: h.session})
@@ -64,6 +67,7 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 	}
 	next.index, next.live = e.ModifyIndex, true
 	h.setRecord(next)
+	h.b.hub.known.forget(key)
 	return &Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}, nil
 }
 

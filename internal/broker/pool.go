@@ -9,29 +9,26 @@ import (
 )
 
 // The session pool takes session creation off the critical path: it keeps
-// ready sessions with the default options (and their records, owned by
-// this replica), renews them while idle, and takes them back after a
-// clean release. An Acquire with default options then costs one
-// transaction to grant and one to release, Consul's floor.
+// ready sessions with the default options (owned by this replica),
+// renews them while idle, and takes them back after a clean release. An
+// Acquire with default options then costs one transaction to grant and
+// one to release, Consul's floor, even on a hot key.
 //
 // Reuse is safe because:
-//   - a pooled session is never given a key it held before (a late
-//     Release naming that key and session can only find it free, or held
-//     by another session); sessions retire after poolMaxUses grants;
-//   - every grant and release writes the record, whose guard fences a
-//     replica that lost the session (a resume elsewhere);
+//   - a session given a key it held before marks that grant in its record
+//     (record.Again): a Release or SetValue of it must name the grant's
+//     token (INVALID_ARGUMENT otherwise), so a late Release from the
+//     earlier holder, which names the earlier token or none, cannot end
+//     the new grant. Every client library sends the token. A session that
+//     never held the key is preferred, so a token-less Release still
+//     works for most grants;
+//   - every grant and release writes or checks the record, whose guard
+//     fences a replica that lost the session (a resume elsewhere);
 //   - only sessions whose hold ended cleanly (released, or cancelled and
 //     unlocked) come back; a session that was lost, resumed, invalidated
-//     or shut down never does.
-//
-// A hot key (one key acquired over and over) therefore needs a session
-// that never held it for each grant: the pool keeps poolFresh sessions
-// that never held any key ready, evicting its most used idle session when
-// full, so that the key's grants still cost one transaction on the
-// critical path (the creation and destruction of sessions happen in the
-// background).
+//     or shut down never does. Sessions retire after poolMaxUses grants.
 const (
-	poolFresh   = 16 // idle sessions that never held a key, kept ready
+	poolMin     = 16 // idle sessions kept ready
 	poolMaxIdle = 64 // idle sessions kept at most
 	poolMaxUses = 64 // grants per session before it retires
 )
@@ -41,6 +38,7 @@ type pooled struct {
 	rec     *record
 	renewed time.Time // send time of the last successful renewal
 	used    map[string]bool
+	uses    int
 }
 
 type sessionPool struct {
@@ -49,39 +47,41 @@ type sessionPool struct {
 
 	mu   sync.Mutex
 	idle []*pooled
+	dead []Op // deletions of retired sessions' records (see flushDead)
 }
 
 func newSessionPool(b *Broker) *sessionPool {
 	return &sessionPool{b: b, kick: make(chan struct{}, 1)}
 }
 
-// get takes a ready session that never held key, or nil. Sessions that
-// held other keys go first, to keep the fresh ones for hot keys.
-func (p *sessionPool) get(key string) *pooled {
+// get takes a ready session for key, or nil: the most recently returned
+// one that never held key, else one that did (again: the grant must be
+// marked, see record.Again).
+func (p *sessionPool) get(key string) (s *pooled, again bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	defer p.signal()
 	limit := time.Now().Add(-DefaultTTL / 2) // renewed recently enough to hand over
-	for _, wantUsed := range []bool{true, false} {
+	for _, wantAgain := range []bool{false, true} {
 		for i := len(p.idle) - 1; i >= 0; i-- {
 			s := p.idle[i]
-			if s.used[key] || s.renewed.Before(limit) || (len(s.used) > 0) != wantUsed {
+			if s.used[key] != wantAgain || s.renewed.Before(limit) {
 				continue
 			}
 			p.idle = append(p.idle[:i], p.idle[i+1:]...)
 			s.used[key] = true
-			p.signal()
-			return s
+			s.uses++
+			return s, wantAgain
 		}
 	}
-	p.signal()
-	return nil
+	return nil, false
 }
 
 // put takes a session back after a clean release.
 func (p *sessionPool) put(s *pooled) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(s.used) >= poolMaxUses || len(p.idle) >= poolMaxIdle {
+	if s.uses >= poolMaxUses || len(p.idle) >= poolMaxIdle {
 		go p.retire(s)
 		return
 	}
@@ -108,34 +108,19 @@ func (p *sessionPool) run(ctx context.Context) {
 			p.drainIdle()
 			return
 		case <-t.C:
+			p.flushDead()
 		case <-p.kick:
 		}
 	}
 }
 
-// fill creates sessions until poolFresh idle ones never held a key,
-// evicting the most used idle session when the pool is full.
+// fill creates sessions until poolMin are idle.
 func (p *sessionPool) fill(ctx context.Context) {
 	for ctx.Err() == nil {
 		p.mu.Lock()
-		fresh, most := 0, -1
-		for i, s := range p.idle {
-			if len(s.used) == 0 {
-				fresh++
-			} else if most < 0 || len(s.used) > len(p.idle[most].used) {
-				most = i
-			}
-		}
-		var evict *pooled
-		if fresh < poolFresh && len(p.idle) >= poolMaxIdle && most >= 0 {
-			evict = p.idle[most]
-			p.idle = append(p.idle[:most], p.idle[most+1:]...)
-		}
+		n := len(p.idle)
 		p.mu.Unlock()
-		if evict != nil {
-			go p.retire(evict)
-		}
-		if fresh >= poolFresh {
+		if n >= poolMin {
 			return
 		}
 		s, err := p.create(ctx)
@@ -149,7 +134,9 @@ func (p *sessionPool) fill(ctx context.Context) {
 	}
 }
 
-// create makes a session with the default options and its record.
+// create makes a session with the default options. Its record is written
+// by its first grant, as for any new session (conditioned on there being
+// none yet).
 func (p *sessionPool) create(ctx context.Context) (*pooled, error) {
 	spec := withDefaults(nil)
 	sent := time.Now()
@@ -157,15 +144,7 @@ func (p *sessionPool) create(ctx context.Context) (*pooled, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := newRecord(id, p.b.id)
-	next := rec.next()
-	res, err := p.b.store.Txn(ctx, rec.writeOps(next))
-	if err != nil {
-		_ = p.b.store.DestroySession(ctx, id)
-		return nil, err
-	}
-	next.index, next.live = res[1].ModifyIndex, true
-	return &pooled{id: id, rec: next, renewed: sent, used: map[string]bool{}}, nil
+	return &pooled{id: id, rec: newRecord(id, p.b.id), renewed: sent, used: map[string]bool{}}, nil
 }
 
 // renew renews the idle sessions due (every TTL/3); a session Consul no
@@ -202,25 +181,52 @@ func (p *sessionPool) removeLocked(s *pooled) {
 	}
 }
 
-// retire deletes a session's record and destroys it.
+// retire destroys a session. Its record is deleted later with others,
+// many per transaction (flushDead): one write per retired session, not
+// two.
 func (p *sessionPool) retire(s *pooled) {
 	ctx, cancel := cleanupContext()
 	defer cancel()
-	if ops := s.rec.deleteOps(); ops != nil {
-		_, _ = p.b.store.Txn(ctx, ops)
-	}
 	_ = p.b.store.DestroySession(ctx, s.id)
+	if ops := s.rec.deleteOps(); ops != nil {
+		p.mu.Lock()
+		p.dead = append(p.dead, ops...)
+		p.mu.Unlock()
+	}
 }
 
-// drainIdle destroys every idle session (the broker is stopping).
+// flushDead deletes the records of retired sessions.
+func (p *sessionPool) flushDead() {
+	p.mu.Lock()
+	ops := p.dead
+	p.dead = nil
+	p.mu.Unlock()
+	if len(ops) == 0 {
+		return
+	}
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	p.b.deleteRecords(ctx, ops)
+}
+
+// drainIdle deletes the idle sessions' records (many per transaction) and
+// destroys the sessions (the broker is stopping: no janitor after it).
 func (p *sessionPool) drainIdle() {
 	p.mu.Lock()
 	idle := p.idle
 	p.idle = nil
 	p.mu.Unlock()
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	var ops []Op
+	for _, s := range idle {
+		ops = append(ops, s.rec.deleteOps()...)
+	}
+	p.b.deleteRecords(ctx, ops)
 	var wg sync.WaitGroup
 	for _, s := range idle {
-		wg.Go(func() { p.retire(s) })
+		wg.Go(func() { _ = p.b.store.DestroySession(ctx, s.id) })
 	}
 	wg.Wait()
+	p.flushDead()
 }

@@ -48,6 +48,10 @@ type record struct {
 	// operators.
 	Since map[string]int64  `json:"since,omitempty"`
 	Holds map[string]uint64 `json:"holds"`
+	// Again lists the held keys whose grant is not the session's first of
+	// that key (a pooled session given a key again): releasing or setting
+	// the value of such a grant needs its token (see tokenRequired).
+	Again map[string]bool `json:"again,omitempty"`
 
 	session string // the session id (from the key)
 	index   uint64 // the entry's ModifyIndex; 0 when there is no record
@@ -95,6 +99,10 @@ func (r *record) next() *record {
 	if n.Since == nil {
 		n.Since = map[string]int64{}
 	}
+	n.Again = maps.Clone(r.Again)
+	if n.Again == nil {
+		n.Again = map[string]bool{}
+	}
 	for k, t := range n.Holds {
 		if t == 0 {
 			n.Holds[k] = r.index
@@ -108,7 +116,18 @@ func (r *record) without(key string) *record {
 	n := r.next()
 	delete(n.Holds, key)
 	delete(n.Since, key)
+	delete(n.Again, key)
 	return n
+}
+
+// tokenRequired refuses a token-less Release or SetValue of a grant the
+// session got again (record.Again): the request may be a late one from
+// the session's earlier holder of the key.
+func (r *record) tokenRequired(key string, token uint64) error {
+	if token != 0 || !r.Again[key] {
+		return nil
+	}
+	return invalid("token", "is required: session %s held %q before this grant (the broker reuses idle sessions), so a release or value change must name the grant's token (acquired.sequencer.token)", r.session, key)
 }
 
 // guard is the op that conditions a transaction on the record being as

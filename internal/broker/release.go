@@ -65,6 +65,9 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 	if token != 0 && token != seq.Token {
 		return false, nil, false
 	}
+	if err := h.record().tokenRequired(h.spec.Key, token); err != nil {
+		return false, err, true
+	}
 	if !h.life.BeginRelease() {
 		return false, nil, false
 	}
@@ -81,6 +84,7 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 		}
 		res, err := h.st.Txn(ctx, ops)
 		if err == nil {
+			h.b.noteRelease(ops, res)
 			next.index, next.live = res[1].ModifyIndex, true // ops 0 and 1: the record
 			h.setRecord(next)
 			released = true
@@ -147,6 +151,9 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 			return false, err
 		}
 		hd, holds := st.holder(session)
+		if err := rec.tokenRequired(key, token); holds && err != nil {
+			return false, err
+		}
 		if !holds {
 			return false, b.notHolder(ctx, st, session)
 		}
@@ -157,7 +164,10 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 		if err != nil {
 			return false, err
 		}
-		_, err = b.store.Txn(ctx, ops)
+		res, err := b.store.Txn(ctx, ops)
+		if err == nil {
+			b.noteRelease(ops, res)
+		}
 		if te := asTxnError(err); te != nil {
 			if te.Has(TxnSessionInvalid) {
 				return false, sessionError(ErrSessionNotFound, session)

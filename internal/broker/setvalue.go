@@ -19,6 +19,9 @@ func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte
 			return nil, err
 		}
 		hd, ok := st.holder(session)
+		if err := rec.tokenRequired(key, token); ok && err != nil {
+			return nil, err
+		}
 		if !ok {
 			if _, err := b.store.Session(ctx, session); err != nil {
 				return nil, sessionError(err, session)
@@ -75,7 +78,7 @@ func (b *Broker) TryAcquire(ctx context.Context, spec AcquireSpec) (*Sequencer, 
 	if err := h.openSession(ctx); err != nil {
 		return nil, err
 	}
-	h.sub = b.hub.subscribe(spec.Key)
+	h.sub = b.hub.subscribeLazy(spec.Key)
 	defer h.sub.close()
 	seq, err := h.wait(ctx)
 	if err != nil {

@@ -115,7 +115,7 @@ func (h *hub) sweepOnce(ctx context.Context) {
 	var checks checkBatches[*keyWatch]
 	h.mu.Lock()
 	for key, kw := range h.watches {
-		if kw.dedicated {
+		if kw.dedicated || kw.pending {
 			continue
 		}
 		kw.mu.Lock()

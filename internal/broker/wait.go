@@ -79,6 +79,7 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 // lock-delay ends, or the wait must end (the error).
 func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, timeout <-chan time.Time, failed <-chan error) (*State, error) {
 	h := w.h
+	h.sub.activate() // a waiter needs the key's changes now
 	var delayTimer <-chan time.Time
 	if delayLeft > 0 {
 		delayTimer = time.After(delayLeft)
@@ -115,6 +116,9 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 func (h *hold) first(ctx context.Context) (*State, error) {
 	if !h.sem {
 		st, _ := h.sub.state()
+		if st == nil {
+			st = h.b.hub.knownState(h.spec.Key)
+		}
 		return st, nil
 	}
 	st, err := h.b.readState(ctx, h.spec.Key)

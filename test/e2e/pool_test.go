@@ -47,27 +47,25 @@ func TestSessionPoolReuseIsSafe(t *testing.T) {
 	// client has `released`; the next cycle often starts before that, so
 	// each session serves about two cycles here.
 	assert.Less(t, len(seen), 150, "sessions are reused")
-	pairs := map[string]bool{}
-	for _, s := range seqs {
-		k := s.GetKey() + "/" + s.GetSessionId()
-		assert.False(t, pairs[k], "session %s given key %s twice", s.GetSessionId(), s.GetKey())
-		pairs[k] = true
-	}
 
-	// A stale Release of an earlier grant, with or without its token,
-	// never ends a later grant that reuses the session.
-	old := seqs[0]
-	cur := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: old.GetKey()})
-	now := cur.acquired(5 * time.Second).GetSequencer()
-	for _, tok := range []uint64{old.GetToken(), 0} {
-		_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: old.GetKey(), SessionId: old.GetSessionId(), Token: tok})
-		if err != nil {
-			assert.Contains(t, []codes.Code{codes.FailedPrecondition, codes.NotFound}, status.Code(err), "%v", err)
-		}
-	}
+	// A hot key reuses sessions too: a session may be given a key it held
+	// before. Such a grant is marked, and a stale Release of the earlier
+	// grant — with its token, or with none — never ends it: the token-less
+	// one is INVALID_ARGUMENT naming `token` (SetValue too).
+	old, now, cur := reusedGrant(t, c, "pool/hot")
+	_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: old.GetKey(), SessionId: old.GetSessionId(), Token: old.GetToken()})
+	assert.Equal(t, codes.FailedPrecondition, status.Code(err), "a stale token: %v", err)
+	_, err = c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: old.GetKey(), SessionId: old.GetSessionId()})
+	assert.Equal(t, codes.InvalidArgument, status.Code(err), "no token on a reused grant: %v", err)
+	assert.Contains(t, fmt.Sprint(err), "token", "the error names the field")
+	_, err = c.SetValue(lkCtx(t), &lockbrokerv1.SetValueRequest{Key: old.GetKey(), SessionId: old.GetSessionId(), Value: []byte("x")})
+	assert.Equal(t, codes.InvalidArgument, status.Code(err), "no token on a reused grant: %v", err)
 	resp, err := c.CheckSequencer(lkCtx(t), &lockbrokerv1.CheckSequencerRequest{Sequencer: now})
 	require.NoError(t, err)
 	assert.True(t, resp.GetCurrent(), "the current grant survives stale releases")
+	_, err = c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: now.GetKey(), SessionId: now.GetSessionId(), Token: now.GetToken()})
+	require.NoError(t, err, "with its token the grant is released")
+	cur.next(5*time.Second, lkIsReleased)
 
 	// A session whose hold was lost (destroyed in Consul) never returns to
 	// the pool: the next grants never use it.
@@ -109,4 +107,26 @@ func releaseCycleSeq(t *testing.T, c lockbrokerv1.LockServiceClient, req *lockbr
 			return false
 		}
 	}
+}
+
+// reusedGrant cycles key until a grant comes on a session that held key
+// before, and returns the earlier grant, the new one and its stream (held).
+func reusedGrant(t *testing.T, c lockbrokerv1.LockServiceClient, key string) (old, now *lockbrokerv1.Sequencer, cur *stream) {
+	t.Helper()
+	earlier := map[string]*lockbrokerv1.Sequencer{}
+	for range 300 {
+		s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key})
+		seq := s.acquired(5 * time.Second).GetSequencer()
+		if prev := earlier[seq.GetSessionId()]; prev != nil {
+			assert.Greater(t, seq.GetToken(), prev.GetToken())
+			return prev, seq, s
+		}
+		earlier[seq.GetSessionId()] = seq
+		_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
+		require.NoError(t, err)
+		s.next(5*time.Second, lkIsReleased)
+		time.Sleep(5 * time.Millisecond) // the session goes back to the pool after `released`
+	}
+	t.Fatalf("no session was given %s twice in 300 cycles", key)
+	return nil, nil, nil
 }

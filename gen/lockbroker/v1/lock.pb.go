@@ -926,8 +926,10 @@ type ReleaseRequest struct {
 	// that grant is the session's current hold of the key; otherwise
 	// FAILED_PRECONDITION (NOT_HOLDER) when another grant holds it, or OK
 	// with `released` false when the key is already free. Zero: no
-	// precondition. Clients should always send it: it makes a late retry
-	// harmless even if the session holds the key again by then.
+	// precondition, except for a grant on a session that held the key before
+	// (the broker reuses idle sessions it created): releasing it without the
+	// token is INVALID_ARGUMENT naming `token`, since the request may be a
+	// late one from the earlier holder. Clients should always send it.
 	Token         uint64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1259,7 +1261,9 @@ type SetValueRequest struct {
 	Value []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
 	// Optional precondition: the token of the grant whose value to change.
 	// Non-zero: FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the
-	// session's current hold of the key. Zero: no precondition.
+	// session's current hold of the key. Zero: no precondition, except for a
+	// grant on a session that held the key before (see ReleaseRequest.token):
+	// INVALID_ARGUMENT naming `token`.
 	Token         uint64 `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -440,8 +440,10 @@ export declare type ReleaseRequest = Message<"lockbroker.v1.ReleaseRequest"> & {
    * that grant is the session's current hold of the key; otherwise
    * FAILED_PRECONDITION (NOT_HOLDER) when another grant holds it, or OK
    * with `released` false when the key is already free. Zero: no
-   * precondition. Clients should always send it: it makes a late retry
-   * harmless even if the session holds the key again by then.
+   * precondition, except for a grant on a session that held the key before
+   * (the broker reuses idle sessions it created): releasing it without the
+   * token is INVALID_ARGUMENT naming `token`, since the request may be a
+   * late one from the earlier holder. Clients should always send it.
    *
    * @generated from field: uint64 token = 3;
    */
@@ -612,7 +614,9 @@ export declare type SetValueRequest = Message<"lockbroker.v1.SetValueRequest"> &
   /**
    * Optional precondition: the token of the grant whose value to change.
    * Non-zero: FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the
-   * session's current hold of the key. Zero: no precondition.
+   * session's current hold of the key. Zero: no precondition, except for a
+   * grant on a session that held the key before (see ReleaseRequest.token):
+   * INVALID_ARGUMENT naming `token`.
    *
    * @generated from field: uint64 token = 4;
    */

@@ -1,0 +1,56 @@
+package broker
+
+import "time"
+
+// watchDelay is how long a hold's new watch waits before it starts (see
+// subscribeLazy).
+const watchDelay = 200 * time.Millisecond
+
+// subscribe returns a subscription to key, starting a watch if needed.
+func (h *hub) subscribe(key string) *sub { return h.subscribeAt(key, false) }
+
+// subscribeLazy is subscribe for a hold: a new watch starts only after
+// watchDelay, or as soon as the subscriber needs it (activate: a waiter),
+// so that a short uncontended hold costs Consul no query at all. Its
+// grant needs no state (the granting transaction checks the key), and
+// its loss is still noticed within watchDelay plus a watch's first
+// answer, well inside the 1 s bound.
+func (h *hub) subscribeLazy(key string) *sub { return h.subscribeAt(key, true) }
+
+// start starts a pending watch (unless nobody wants it any more).
+func (h *hub) start(kw *keyWatch) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	kw.mu.Lock()
+	idle := len(kw.subs) == 0
+	kw.mu.Unlock()
+	if idle && kw.pending && h.watches[kw.key] == kw {
+		delete(h.watches, kw.key)
+		return
+	}
+	h.startLocked(kw)
+}
+
+// startLocked makes a pending watch dedicated (within the budget) or
+// swept.
+func (h *hub) startLocked(kw *keyWatch) {
+	if !kw.pending {
+		return
+	}
+	kw.pending = false
+	if h.dedicated < h.maxDedicated {
+		kw.dedicated = true
+		h.dedicated++
+		h.wg.Go(func() { kw.run(h.ctx) })
+	} else {
+		h.kickLocked()
+	}
+}
+
+// activate starts the subscriber's watch now if it is still pending.
+func (s *sub) activate() {
+	h := s.kw.h
+	h.mu.Lock()
+	h.startLocked(s.kw)
+	h.mu.Unlock()
+}
