@@ -155,11 +155,7 @@ func (h *hold) openSession(ctx context.Context) error {
 		return nil
 	}
 	if s.NewSession == nil && h.tenant == "" && h.b.pool != nil {
-		if p, again := h.b.pool.get(s.Key); p != nil {
-			h.session, h.owned, h.ttl, h.start = p.id, true, DefaultTTL, p.renewed
-			h.rec, h.pooled, h.again = p.rec, p, again
-			return nil
-		}
+		return h.openPooled(ctx)
 	}
 	spec := withDefaults(s.NewSession)
 	if err := validateSpec(spec); err != nil {
@@ -179,6 +175,29 @@ func (h *hold) openSession(ctx context.Context) error {
 		h.destroy(cctx)
 		return ctx.Err()
 	}
+	return nil
+}
+
+// openPooled takes a ready session from the pool, or (the pool empty: more
+// holds at once than it keeps ready) makes one that joins the pool when
+// the hold ends cleanly.
+func (h *hold) openPooled(ctx context.Context) error {
+	p, again := h.b.pool.get(h.spec.Key)
+	if p == nil {
+		cctx, cancel := cleanupContext()
+		defer cancel()
+		var err error
+		if p, err = h.b.pool.create(cctx); err != nil {
+			return err
+		}
+		p.used[h.spec.Key], p.uses = true, 1
+		if ctx.Err() != nil {
+			_ = h.st.DestroySession(cctx, p.id)
+			return ctx.Err()
+		}
+	}
+	h.session, h.owned, h.ttl, h.start = p.id, true, DefaultTTL, p.renewed
+	h.rec, h.pooled, h.again = p.rec, p, again
 	return nil
 }
 

@@ -105,6 +105,9 @@ type sub struct {
 	// waiters (see rank).
 	waiting bool
 	order   uint64
+	// young: a lazy subscriber (a hold) needs no watch before this time
+	// (see subscribeLazy); zero once it needs one.
+	young time.Time
 }
 
 // fingerprint summarises a key's entries to tell whether they changed.
@@ -125,6 +128,9 @@ func (h *hub) subscribeAt(key string, lazy bool) *sub {
 		h.startLocked(kw)
 	}
 	s := &sub{kw: kw, wake: make(chan struct{}, 1)}
+	if lazy {
+		s.young = time.Now().Add(watchDelay)
+	}
 	kw.mu.Lock()
 	kw.subs[s] = struct{}{}
 	if kw.ready {

@@ -19,7 +19,7 @@ func (kw *keyWatch) run(ctx context.Context) {
 	var index uint64
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
-		if index > 0 && kw.retire() {
+		if index > 0 && (kw.retire() || kw.park()) {
 			return
 		}
 		entries, next, err := h.store.Watch(ctx, kw.key, index)

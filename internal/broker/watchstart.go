@@ -50,7 +50,40 @@ func (h *hub) startLocked(kw *keyWatch) {
 // activate starts the subscriber's watch now if it is still pending.
 func (s *sub) activate() {
 	h := s.kw.h
+	s.kw.mu.Lock()
+	s.young = time.Time{}
+	s.kw.mu.Unlock()
 	h.mu.Lock()
 	h.startLocked(s.kw)
 	h.mu.Unlock()
+}
+
+// park stops a dedicated watch whose subscribers are all young lazy holds
+// (a hot key cycled by short holds would otherwise keep a blocking query
+// running, answering every grant and release): it goes back to pending
+// and starts again when the youngest hold is no longer young. It reports
+// whether it did; the caller's query loop then ends.
+func (kw *keyWatch) park() bool {
+	h := kw.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	kw.mu.Lock()
+	var until time.Time
+	young := len(kw.subs) > 0
+	for s := range kw.subs {
+		if s.waiting || !s.young.After(time.Now()) {
+			young = false
+			break
+		}
+		if s.young.After(until) {
+			until = s.young
+		}
+	}
+	kw.mu.Unlock()
+	if !young || h.watches[kw.key] != kw {
+		return false
+	}
+	kw.dedicated, kw.pending = false, true
+	time.AfterFunc(time.Until(until), func() { h.start(kw) })
+	return true
 }
