@@ -61,6 +61,9 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 	}
 	b.setWaiting(h, true)
 	h.sub = b.hub.subscribeLazy(spec.Key)
+	h.sub.kw.mu.Lock()
+	h.sub.holder = h
+	h.sub.kw.mu.Unlock()
 	defer h.sub.close()
 
 	rctx, stopRenew := context.WithCancel(context.Background())

@@ -108,6 +108,10 @@ type sub struct {
 	// young: a lazy subscriber (a hold) needs no watch before this time
 	// (see subscribeLazy); zero once it needs one.
 	young time.Time
+	// holder is the hold subscribed (nil for a watcher); slot its offer of
+	// a direct hand-off while it sleeps (see handoff.go). Under kw.mu.
+	holder *hold
+	slot   *handoffSlot
 }
 
 // fingerprint summarises a key's entries to tell whether they changed.

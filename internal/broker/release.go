@@ -73,6 +73,10 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 	}
 	released := false
 	defer func() { h.life.EndRelease(released) }()
+	if !h.sem && !h.del && h.handOff(ctx) {
+		released = true
+		return true, nil, true
+	}
 	st, err := h.leaveState(ctx)
 	if err != nil {
 		return false, err, true

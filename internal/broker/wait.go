@@ -26,7 +26,8 @@ type waiter struct {
 	lastHolders []Holder
 	freedAt     time.Time
 	races       int
-	fresh       bool // the state comes from a consistent read made just now
+	fresh       bool         // the state comes from a consistent read made just now
+	slot        *handoffSlot // offered while sleeping (see handoff.go)
 }
 
 // wait is the waiting loop: attempt, and when busy, report who is in the
@@ -69,9 +70,16 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		if err := w.report(ctx, st, delayLeft); err != nil {
 			return nil, err
 		}
-		if st, err = w.sleep(ctx, st, delayLeft, timeout, failed); err != nil {
+		w.offer()
+		next, err := w.sleep(ctx, st, delayLeft, timeout, failed)
+		if seq := w.withdraw(); seq != nil {
+			granted = true // a releaser of this replica handed the lock over
+			return seq, nil
+		}
+		if err != nil {
 			return nil, err
 		}
+		st = next
 	}
 }
 
@@ -96,6 +104,7 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 	case err := <-failed:
 		return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
 	case <-delayTimer:
+	case <-w.readyChan():
 	case <-h.sub.wake:
 		if next, _ := h.sub.state(); next != nil {
 			if len(st.Holders) > 0 && len(next.Holders) == 0 {

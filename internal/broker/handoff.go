@@ -1,0 +1,157 @@
+package broker
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Direct hand-off: when a holder on this replica releases a lock key for
+// which a waiter of this replica is next in line (FIFO), the release and
+// the waiter's grant are one transaction: unlock with the holder's
+// session, then lock with the waiter's, each with its session's record.
+// One Raft write hands the lock over (Consul applies a transaction's ops
+// in order, and an unlock starts no lock-delay), where releasing and then
+// acquiring takes two, and the waiter never has to learn of the release.
+// The grant is as good as one the waiter made itself: its token is the
+// transaction's index, its record lists it, and it is checked in the same
+// transaction that the holder still held the key.
+//
+// The waiter offers a slot while it sleeps; the releaser claims the slot
+// of the oldest waiter (only that one: FIFO), and delivers the grant, or
+// nil when the transaction failed (the waiter then tries by itself, as
+// after any wake-up). A waiter never attempts while its slot is claimed.
+type handoffSlot struct {
+	mu      sync.Mutex
+	state   slotState
+	ready   chan struct{} // closed when the releaser is done
+	granted *Sequencer
+}
+
+type slotState int
+
+const (
+	slotOpen slotState = iota
+	slotClaimed
+	slotDone
+	slotClosed
+)
+
+// offer opens a slot for the next sleep.
+func (w *waiter) offer() {
+	h := w.h
+	if h.sem || h.spec.Resume != nil {
+		return
+	}
+	s := &handoffSlot{ready: make(chan struct{})}
+	h.sub.kw.mu.Lock()
+	h.sub.slot = s
+	h.sub.kw.mu.Unlock()
+	w.slot = s
+}
+
+// withdraw closes the slot after a sleep. It returns the grant a releaser
+// handed over, waiting for one that claimed the slot to finish.
+func (w *waiter) withdraw() *Sequencer {
+	s := w.slot
+	if s == nil {
+		return nil
+	}
+	w.slot = nil
+	w.h.sub.kw.mu.Lock()
+	w.h.sub.slot = nil
+	w.h.sub.kw.mu.Unlock()
+	s.mu.Lock()
+	if s.state == slotOpen {
+		s.state = slotClosed
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.Unlock()
+	<-s.ready
+	return s.granted
+}
+
+// readyChan is what sleep selects on (nil without a slot).
+func (w *waiter) readyChan() <-chan struct{} {
+	if w.slot == nil {
+		return nil
+	}
+	return w.slot.ready
+}
+
+// claimNext claims the slot of the oldest waiter of key on this replica,
+// if that waiter offers one and can take the lock from h.
+func (h *hold) claimNext() (*hold, *handoffSlot) {
+	kw := h.sub.kw
+	kw.mu.Lock()
+	var first *sub
+	for s := range kw.subs {
+		if s.waiting && s != h.sub && (first == nil || s.order < first.order) {
+			first = s
+		}
+	}
+	var slot *handoffSlot
+	var w *hold
+	if first != nil {
+		slot, w = first.slot, first.holder
+	}
+	kw.mu.Unlock()
+	if slot == nil || w == nil {
+		return nil, nil
+	}
+	if w.sem || w.tenant != h.tenant || w.session == "" {
+		return nil, nil
+	}
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	if slot.state != slotOpen {
+		return nil, nil
+	}
+	slot.state = slotClaimed
+	return w, slot
+}
+
+// handOff releases h's lock and grants it to the next waiter in one
+// transaction. It reports whether it did; on false nothing changed and
+// the caller releases as usual.
+func (h *hold) handOff(ctx context.Context) bool {
+	w, slot := h.claimNext()
+	if w == nil {
+		return false
+	}
+	var granted *Sequencer
+	defer func() {
+		slot.mu.Lock()
+		slot.state, slot.granted = slotDone, granted
+		slot.mu.Unlock()
+		close(slot.ready)
+	}()
+	ops, next, err := h.releaseOps(nil)
+	if err != nil {
+		return false
+	}
+	key := h.spec.Key
+	wrec := w.record()
+	wnext := wrec.next()
+	wnext.Holds[key] = 0
+	wnext.Since[key] = time.Now().UnixMilli()
+	if w.again {
+		wnext.Again[key] = true
+	}
+	at := len(ops)
+	ops = append(ops, wrec.writeOps(wnext)...)
+	ops = append(ops, Op{Verb: OpLock, Key: key, Value: w.spec.Value, Flags: LockFlagValue, Session: w.session})
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		return false
+	}
+	next.index, next.live = res[1].ModifyIndex, true
+	h.setRecord(next)
+	e := res[len(res)-1]
+	wnext.index, wnext.live = res[at+1].ModifyIndex, true
+	w.setRecord(wnext)
+	h.b.hub.known.forget(key)
+	granted = &Sequencer{Key: key, Session: w.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}
+	return true
+}
