@@ -180,10 +180,12 @@ func (h *hold) abandon() {
 	}
 	ctx, cancel := cleanupContext()
 	defer cancel()
+	h.settle(ctx)
 	// Destroy first: a contender write the cancelled request left in flight
 	// fails once the session is gone, so the removal below is final.
 	if h.owned {
 		h.destroy(ctx)
+		h.dropDeadRecord(ctx)
 	}
 	if !h.sem || h.session == "" {
 		return
@@ -201,5 +203,39 @@ func (h *hold) abandon() {
 		if _, err := h.st.Txn(ctx, ops); asTxnError(err) == nil {
 			return
 		}
+	}
+}
+
+// settle undoes a lock grant whose transaction the request stopped waiting
+// for (its context ended in flight) but Consul committed: it unlocks the
+// key and deletes the record in one transaction, so that neither a held
+// key (whose session's end would start a lock-delay) nor a record is left.
+func (h *hold) settle(ctx context.Context) {
+	if !h.unsure || h.sem || h.session == "" {
+		return
+	}
+	st, err := h.b.readState(ctx, h.spec.Key)
+	if err != nil {
+		return
+	}
+	hd, ok := st.holder(h.session)
+	if !ok {
+		return
+	}
+	rec, err := h.b.readRecord(ctx, h.session)
+	if err != nil {
+		return
+	}
+	_, _ = h.st.Txn(ctx, append(rec.deleteOps(), unlockOps(h.spec.Key, h.session, hd.Value, h.del)...))
+}
+
+// dropDeadRecord deletes the record a grant cut off in flight may have
+// written, once its session is gone (the janitor would, later).
+func (h *hold) dropDeadRecord(ctx context.Context) {
+	if !h.unsure {
+		return
+	}
+	if rec, err := h.b.readRecord(ctx, h.session); err == nil && rec.index != 0 && !rec.live {
+		_, _ = h.st.Txn(ctx, rec.deleteOps())
 	}
 }

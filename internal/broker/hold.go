@@ -29,6 +29,7 @@ type hold struct {
 	ren    *renewer
 	pooled *pooled // the pool's session this hold uses, if any
 	again  bool    // the pooled session held the key before (record.Again)
+	unsure bool    // a grant transaction was cut off in flight (see settle)
 	guard  *guard  // the session record's index, checked by the sweeper
 	// owner is the record owner this hold writes: the replica's id, or
 	// for a resumed hold the id and a suffix of its own, so that a hold

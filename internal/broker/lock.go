@@ -59,6 +59,8 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 	ops = append(ops, Op{Verb: OpLock, Key: key, Value: h.spec.Value, Flags: LockFlagValue, Session: h.session})
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
+		// Cancelled in flight: Consul may have committed it (see settle).
+		h.unsure = h.unsure || ctx.Err() != nil
 		return nil, h.txnFailure(ctx, err, recAt)
 	}
 	e := res[len(res)-1]

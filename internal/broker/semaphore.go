@@ -120,6 +120,8 @@ func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequen
 	ops = append(ops, rec.writeOps(next)...)
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
+		// Cancelled in flight: Consul may have committed it (see settle).
+		h.unsure = h.unsure || ctx.Err() != nil
 		return nil, h.txnFailure(ctx, err, recAt)
 	}
 	if res[casAt] == nil {

@@ -38,6 +38,10 @@ var (
 // reproduce is the command make bench runs.
 const reproduce = `go test -count=1 -timeout 30m -run 'TestBenchTable|TestScale' -v ./test/bench/ -args -table -scale`
 
+// lossAge is how old a hold is in the second loss-notice rows (its watch
+// runs by then).
+const lossAge = 500 * time.Millisecond
+
 // handoffSettle is how long a hand-off waiter is left queued before the
 // holder releases, for the broker and api.Lock alike (api.Lock cannot say
 // when it is waiting).
@@ -114,7 +118,8 @@ func TestBenchTable(t *testing.T) {
 
 	// Loss notice: the session destroyed in Consul → lost / leaderCh closed.
 	apiLoss := e.apiLoss(*tableLoss)
-	brLoss := e.brokerLoss(*tableLoss)
+	brLoss := e.brokerLoss(*tableLoss, 0)
+	brLossAged := e.brokerLoss(*tableLoss, lossAge)
 	fl.close(e.ac)
 
 	// The table.
@@ -147,6 +152,8 @@ func TestBenchTable(t *testing.T) {
 		"-", ratio(try.p50(), e.floorAcq.p50()), "")
 	lat(fmt.Sprintf("loss notice p50 ms (n=%d)", *tableLoss), &brLoss.lat, &apiLoss.lat, nil, 0.5, "≤1000 ms")
 	lat("loss notice p99 ms", &brLoss.lat, &apiLoss.lat, nil, 0.99, "")
+	lat(fmt.Sprintf("loss notice, hold %s old, p50 ms (n=%d)", lossAge, *tableLoss), &brLossAged.lat, &apiLoss.lat, nil, 0.5, "≤1000 ms")
+	lat(fmt.Sprintf("loss notice, hold %s old, p99 ms", lossAge), &brLossAged.lat, &apiLoss.lat, nil, 0.99, "")
 	out.WriteString(tb.String())
 
 	// Costs per cycle, by row and implementation.
@@ -185,7 +192,8 @@ func TestBenchTable(t *testing.T) {
 	out.WriteString("# ratios: broker/anchor; for latencies lower is better, for cycles/s higher is better.\n")
 	out.WriteString(fmt.Sprintf("# hand-off: the waiter is queued (broker: after `queued`) and left %s before the holder releases;\n", handoffSettle))
 	out.WriteString("#   latency = Release/Unlock call → waiter's `acquired` / Lock returns.\n")
-	out.WriteString("# loss notice: session destroyed with a plain Consul call → `lost` on the stream / api.Lock's leaderCh closed.\n")
+	out.WriteString("# loss notice: session destroyed with a plain Consul call → `lost` on the stream / api.Lock's leaderCh closed;\n")
+	out.WriteString(fmt.Sprintf("#   first rows right after the grant (a hold's watch starts %s after its grant unless it waits), then on holds %s old.\n", "200ms", lossAge))
 	reasons := slices.Sorted(maps.Keys(e.lossReasons))
 	var rs []string
 	for _, r := range reasons {
@@ -201,7 +209,7 @@ func TestBenchTable(t *testing.T) {
 		{"16 clients broker", par[16][2]}, {"16 clients api.Lock", par[16][0]}, {"16 clients floor", par[16][1]},
 		{"64 clients broker", par[64][2]}, {"64 clients api.Lock", par[64][0]}, {"64 clients floor", par[64][1]},
 		{"semaphore broker", brSem}, {"semaphore api.Semaphore", apiSem},
-		{"stream-less broker", e.streamErrs}, {"loss broker", brLoss}, {"loss api.Lock", apiLoss},
+		{"stream-less broker", e.streamErrs}, {"loss broker", brLoss}, {"loss broker (aged)", brLossAged}, {"loss api.Lock", apiLoss},
 	} {
 		if x.r.errs.count() > 0 {
 			out.WriteString(fmt.Sprintf("# ERRORS %s: %s\n", x.name, x.r.errs.String()))
@@ -642,19 +650,20 @@ func (e *env) explainNotReleased(key, session string, seq *lockbrokerv1.Sequence
 
 // brokerLoss measures Consul session destroy → `lost` on the stream, each
 // sample on a fresh key (the destroyed session's lock-delay blocks the
-// key).
-func (e *env) brokerLoss(n int) *run {
+// key), destroyed age after the grant.
+func (e *env) brokerLoss(n int, age time.Duration) *run {
 	r := &run{}
 	e.measure(r, true, func() {
 		for i := range n {
 			if r.failed() {
 				return
 			}
-			h, err := e.bd.acquire(fmt.Sprintf("bench/loss/broker/%d", i), 0)
+			h, err := e.bd.acquire(fmt.Sprintf("bench/loss/broker/%s/%d", age, i), 0)
 			if err != nil {
 				r.errs.add(err)
 				continue
 			}
+			time.Sleep(age)
 			t0 := time.Now()
 			if _, err := e.ac.Session().Destroy(h.seq.GetSessionId(), nil); err != nil {
 				r.errs.add(err)

@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -68,4 +70,79 @@ func TestHandOffWakesOneWaiterInOrder(t *testing.T) {
 	failed := rolledBack(t, r) - before
 	t.Logf("%d hand-offs, %v rolled-back transactions", n, failed)
 	assert.LessOrEqual(t, failed, float64(2), "no stampede: the next waiter alone tries")
+}
+
+// Issue 12: a Release on the replica where the next waiter waits hands
+// the lock over in one transaction (unlock + the waiter's grant): with
+// the old holder's clean-up (its record deleted, one write), two writes
+// per hand-off, where release-then-acquire takes three.
+func TestHandOffIsOneTransaction(t *testing.T) {
+	agent := consultest.Start(t)
+	r := brokertest.Start(t, agent)
+	c := r.Locks(t)
+	key := "handoff/one-txn"
+	holder := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+	cur := holder.acquired(5 * time.Second).GetSequencer()
+	const n = 10
+	before := r.Store.OpCounts()["kv_txn_write"]
+	for i := range n {
+		w := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast(), Value: fmt.Appendf(nil, "w%d", i)})
+		w.next(5*time.Second, isQueued)
+		time.Sleep(20 * time.Millisecond) // the waiter sleeps, its slot offered
+		_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: cur.GetSessionId(), Token: cur.GetToken()})
+		require.NoError(t, err)
+		got := w.acquired(5 * time.Second).GetSequencer()
+		holder.next(5*time.Second, lkIsReleased)
+		require.NoError(t, ignoreEOF(holder.end(5*time.Second)), "the old holder's stream ends after its clean-up")
+		assert.Greater(t, got.GetToken(), cur.GetToken(), "hand-off %d: the token grows", i)
+		st := lkGetLock(t, c, key)
+		assert.Equal(t, got.GetSessionId(), lkHolder(t, st).GetSessionId(), "hand-off %d: Consul shows the waiter holding", i)
+		resp, err := c.CheckSequencer(lkCtx(t), &lockbrokerv1.CheckSequencerRequest{Sequencer: got})
+		require.NoError(t, err)
+		assert.True(t, resp.GetCurrent(), "hand-off %d: the handed-over grant is current (its record lists its token)", i)
+		holder, cur = w, got
+	}
+	writes := r.Store.OpCounts()["kv_txn_write"] - before
+	t.Logf("%d hand-offs, %d write transactions", n, writes)
+	assert.LessOrEqual(t, writes, uint64(2*n+2), "one write per hand-off plus one per old holder's clean-up")
+}
+
+// Waiters that go away while the lock is handed over never leave it held
+// by nobody's stream, and never let two holders at once: many rounds of a
+// release racing a waiter's cancel, checked in Consul.
+func TestHandOffRacesWaiterCancel(t *testing.T) {
+	agent := consultest.Start(t)
+	r := brokertest.Start(t, agent)
+	c := r.Locks(t)
+	key := "handoff/cancel-race"
+	holder := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+	cur := holder.acquired(5 * time.Second).GetSequencer()
+	for i := range 30 {
+		w1 := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+		w1.next(5*time.Second, isQueued)
+		w2 := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+		w2.next(5*time.Second, isQueued)
+		time.Sleep(time.Duration(5+i%10) * time.Millisecond)
+		go w1.cancel() // races the release below
+		_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: cur.GetSessionId(), Token: cur.GetToken()})
+		require.NoError(t, err)
+		holder.next(5*time.Second, lkIsReleased)
+		// w2 gets the lock: at once, or once w1's grant (if it got one
+		// before its cancel landed) is released.
+		got := w2.acquired(20 * time.Second).GetSequencer()
+		st := lkGetLock(t, c, key)
+		require.Equal(t, got.GetSessionId(), lkHolder(t, st).GetSessionId(), "round %d", i)
+		holder, cur = w2, got
+	}
+	_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: cur.GetSessionId(), Token: cur.GetToken()})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(lkGetLock(t, c, key).GetHolders()) == 0 }, 5*time.Second, 20*time.Millisecond, "the lock ends free")
+}
+
+// ignoreEOF is nil for a stream's clean end.
+func ignoreEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
 }

@@ -55,7 +55,7 @@ func TestCancelStormLeavesNothing(t *testing.T) {
 	wg.Wait()
 	kv, sessions := agent.Client().KV(), agent.Client().Session()
 	var left []string
-	require.Eventually(t, func() bool {
+	assert.Eventually(t, func() bool { // then the list of what is left
 		left = left[:0]
 		ss, _, err := sessions.List(&api.QueryOptions{RequireConsistent: true})
 		require.NoError(t, err)
