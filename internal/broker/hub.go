@@ -57,6 +57,7 @@ type hub struct {
 	dedicated int // running dedicated queries, lingering ones included
 	guards    map[*guard]struct{}
 	known     knownFree // see known.go
+	closed    bool      // close was called
 	kick      chan struct{}
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -256,6 +257,9 @@ func (kw *keyWatch) publish(entries []*Entry, index uint64) {
 
 // close stops every watch and waits for them.
 func (h *hub) close() {
+	h.mu.Lock()
+	h.closed = true // no watch starts after this (a lazy start's timer may still fire)
+	h.mu.Unlock()
 	h.cancel()
 	h.wg.Wait()
 }

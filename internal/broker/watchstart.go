@@ -34,7 +34,7 @@ func (h *hub) start(kw *keyWatch) {
 // startLocked makes a pending watch dedicated (within the budget) or
 // swept.
 func (h *hub) startLocked(kw *keyWatch) {
-	if !kw.pending {
+	if !kw.pending || h.closed {
 		return
 	}
 	kw.pending = false
