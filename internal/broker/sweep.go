@@ -13,7 +13,11 @@ func (kw *keyWatch) run(ctx context.Context) {
 	h := kw.h
 	defer func() {
 		h.mu.Lock()
-		h.dedicated--
+		if cancel, ok := h.running[kw]; ok { // not preempted: count it out
+			cancel()
+			delete(h.running, kw)
+			h.dedicated--
+		}
 		h.mu.Unlock()
 	}()
 	var index uint64

@@ -1,6 +1,9 @@
 package broker
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // watchDelay is how long a hold's new watch waits before it starts (see
 // subscribeLazy).
@@ -38,12 +41,38 @@ func (h *hub) startLocked(kw *keyWatch) {
 		return
 	}
 	kw.pending = false
+	if h.dedicated >= h.maxDedicated {
+		h.preemptLocked()
+	}
 	if h.dedicated < h.maxDedicated {
 		kw.dedicated = true
 		h.dedicated++
-		h.wg.Go(func() { kw.run(h.ctx) })
+		ctx, cancel := context.WithCancel(h.ctx)
+		h.running[kw] = cancel
+		h.wg.Go(func() { kw.run(ctx) })
 	} else {
 		h.kickLocked()
+	}
+}
+
+// preemptLocked ends one dedicated query that nobody needs any more (it
+// lingers until it returns, see hub.go), so that a key that is wanted now
+// gets its slot: its connection closes with it.
+func (h *hub) preemptLocked() {
+	for kw, cancel := range h.running {
+		kw.mu.Lock()
+		idle := len(kw.subs) == 0
+		kw.mu.Unlock()
+		if !idle {
+			continue
+		}
+		cancel()
+		delete(h.running, kw)
+		h.dedicated--
+		if h.watches[kw.key] == kw {
+			delete(h.watches, kw.key)
+		}
+		return
 	}
 }
 
@@ -84,6 +113,11 @@ func (kw *keyWatch) park() bool {
 		return false
 	}
 	kw.dedicated, kw.pending = false, true
+	if cancel, ok := h.running[kw]; ok { // counted out here: a restart may come before run's return
+		cancel()
+		delete(h.running, kw)
+		h.dedicated--
+	}
 	time.AfterFunc(time.Until(until), func() { h.start(kw) })
 	return true
 }
