@@ -155,3 +155,49 @@ func (h *hold) handOff(ctx context.Context) bool {
 	granted = &Sequencer{Key: key, Session: w.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}
 	return true
 }
+
+// heldHere reports whether every holder st shows is a hold of this
+// replica: a waiter then needs no blocking query of its own at once (its
+// holder's release here wakes it, or hands it the lock; its watch still
+// starts when it is no longer young, for what only Consul can tell, such
+// as the holder's session ending).
+func (b *Broker) heldHere(st *State) bool {
+	if st == nil || len(st.Holders) == 0 {
+		return false
+	}
+	for _, hd := range st.Holders {
+		if b.lookup(st.Key, hd.Session) == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// handOffOnCancel hands the lock to the next local waiter when a
+// broker-owned hold's stream was cancelled (or its linger ended), as a
+// Release would; it reports whether it did.
+func (h *hold) handOffOnCancel() bool {
+	if h.sem || h.del || !h.owned || h.b.abandoning() {
+		return false
+	}
+	if rec := h.record(); rec.index != 0 && rec.Owner != h.owner {
+		return false // resumed elsewhere: not ours to touch
+	}
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	return h.handOff(ctx)
+}
+
+// heldNextDoor reports whether another hold of this replica holds the
+// subscriber's key now.
+func (s *sub) heldNextDoor() bool {
+	kw := s.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	for o := range kw.subs {
+		if o != s && o.holder != nil && o.holder.life.Phase() == PhaseHeld {
+			return true
+		}
+	}
+	return false
+}

@@ -218,8 +218,9 @@ func (h *hold) conclude(ctx context.Context, o Outcome) error {
 		}
 		return err
 	case OutcomeCanceled:
-		if !h.recycle(false) {
-			h.finish(false)
+		released := h.handOffOnCancel()
+		if !h.recycle(released) {
+			h.finish(released)
 		}
 		return ctx.Err()
 	case OutcomeResumed:

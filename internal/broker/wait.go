@@ -87,7 +87,9 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 // lock-delay ends, or the wait must end (the error).
 func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, timeout <-chan time.Time, failed <-chan error) (*State, error) {
 	h := w.h
-	h.sub.activate() // a waiter needs the key's changes now
+	if !h.b.heldHere(st) {
+		h.sub.activate() // a waiter needs the key's changes now
+	}
 	var delayTimer <-chan time.Time
 	if delayLeft > 0 {
 		delayTimer = time.After(delayLeft)
@@ -127,6 +129,10 @@ func (h *hold) first(ctx context.Context) (*State, error) {
 		st, _ := h.sub.state()
 		if st == nil {
 			st = h.b.hub.knownState(h.spec.Key)
+		}
+		if st == nil && h.sub.heldNextDoor() {
+			// Busy for sure: a read, not a transaction bound to fail.
+			return h.b.readState(ctx, h.spec.Key)
 		}
 		return st, nil
 	}

@@ -117,17 +117,7 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	if err != nil {
 		return nil, fmt.Errorf("protovalidate: %w", err)
 	}
-	reg := prometheus.NewRegistry()
-	srvMetrics := grpcprom.NewServerMetrics()
-	reg.MustRegister(srvMetrics,
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "lockbroker_consul_blocking_queries",
-			Help: "Consul blocking queries this replica has open.",
-		}, func() float64 { return float64(consul.OpenBlockingQueries()) }),
-		consul.Collector(),
-	)
+	reg, srvMetrics := newRegistry(consul)
 	recoverOpt := recovery.WithRecoveryHandler(func(p any) error {
 		log.Error("panic in handler", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
@@ -257,4 +247,21 @@ func (s *Server) HTTPHandler() http.Handler {
 		_, _ = w.Write([]byte("SERVING\n"))
 	})
 	return mux
+}
+
+// newRegistry is the server's metrics registry: gRPC server metrics, Go
+// and process collectors, and Consul's (blocking queries, calls).
+func newRegistry(consul Consul) (*prometheus.Registry, *grpcprom.ServerMetrics) {
+	reg := prometheus.NewRegistry()
+	srvMetrics := grpcprom.NewServerMetrics()
+	reg.MustRegister(srvMetrics,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "lockbroker_consul_blocking_queries",
+			Help: "Consul blocking queries this replica has open.",
+		}, func() float64 { return float64(consul.OpenBlockingQueries()) }),
+		consul.Collector(),
+	)
+	return reg, srvMetrics
 }

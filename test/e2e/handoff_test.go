@@ -146,3 +146,30 @@ func ignoreEOF(err error) error {
 	}
 	return err
 }
+
+// A holder whose stream is cancelled hands the lock to the next local
+// waiter the same way: one transaction, the waiter's grant current in
+// Consul at once.
+func TestHandOffOnCancel(t *testing.T) {
+	agent := consultest.Start(t)
+	r := brokertest.Start(t, agent)
+	c := r.Locks(t)
+	key := "handoff/cancel"
+	holder := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+	cur := holder.acquired(5 * time.Second).GetSequencer()
+	for i := range 5 {
+		w := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+		w.next(5*time.Second, isQueued)
+		time.Sleep(20 * time.Millisecond)
+		before := r.Store.OpCounts()["kv_txn_write"]
+		holder.cancel()
+		got := w.acquired(5 * time.Second).GetSequencer()
+		handing := r.Store.OpCounts()["kv_txn_write"] - before
+		assert.Greater(t, got.GetToken(), cur.GetToken(), "round %d", i)
+		assert.Equal(t, got.GetSessionId(), lkHolder(t, lkGetLock(t, c, key)).GetSessionId(), "round %d", i)
+		// One write hands the lock over; the old holder's record deletion may
+		// land before the waiter hears (release then grant would be three).
+		assert.LessOrEqual(t, handing, uint64(2), "round %d: one write hands the lock over", i)
+		holder, cur = w, got
+	}
+}
