@@ -101,6 +101,15 @@ func (o *wtObserver) until(timeout time.Duration, what string, want func(*lockbr
 	}
 }
 
+// unread makes the last match the next one until can return again.
+func (o *wtObserver) unread() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.cursor > 0 {
+		o.cursor--
+	}
+}
+
 // wtHeldBy matches a lock state held by the session.
 func wtHeldBy(session string) func(*lockbrokerv1.LockState) bool {
 	return func(st *lockbrokerv1.LockState) bool {
