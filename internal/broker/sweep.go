@@ -35,7 +35,10 @@ func (kw *keyWatch) run(ctx context.Context) {
 			if !sleep(ctx, backoff) {
 				return
 			}
-			backoff = min(backoff*2, 2*time.Second)
+			// Capped low: the 1 s loss bound counts from the moment
+			// Consul answers again (after an election, say), not from
+			// the end of a long backoff.
+			backoff = min(backoff*2, maxWatchBackoff)
 			continue
 		}
 		backoff = 50 * time.Millisecond
@@ -57,6 +60,10 @@ func (kw *keyWatch) run(ctx context.Context) {
 		}
 	}
 }
+
+// maxWatchBackoff caps the pause between failed blocking queries of a
+// dedicated watch (at most DefaultMaxBlocking of them per replica).
+const maxWatchBackoff = 250 * time.Millisecond
 
 // emptyPause is the pause between blocking queries of a key with no
 // entries (see run).

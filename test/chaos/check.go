@@ -288,7 +288,7 @@ func CheckLoss(s *Snapshot, b LossBounds) (Result, LossStats) {
 			if h.Paused || s.frozen(h.Client, h.Acquired, h.End) {
 				continue
 			}
-			if h.End-f.Start > b.Taken+b.Slack {
+			if h.End-f.Start > b.Taken+b.Slack && !blinded(s, f, h, b.Taken) {
 				r.add(Violation{At: h.End, Key: h.Key,
 					Msg:     fmt.Sprintf("hold taken away in Consul at %s (%s) learned %s later (bound %s)", ms(f.Start), f.Kind, ms(h.End-f.Start), b.Taken),
 					Excerpt: []string{h.describe()}})

@@ -127,6 +127,22 @@ func TestCheckLoss(t *testing.T) {
 		{"admin destroy learned too late", []Hold{
 			lockHold(1, 1, 10, 1, 4, "lost:SESSION_INVALIDATED"),
 		}, []Fault{{Kind: "session-destroy", Session: "sb", Key: "k", Start: s(2), End: s(2)}}, false},
+		{"admin destroy learned late while Consul elected a leader", []Hold{
+			lockHold(1, 1, 10, 1, 4, "lost:SESSION_INVALIDATED"),
+		}, []Fault{{Kind: "consul-leader-kill", Start: s(1.5), End: s(2.5)},
+			{Kind: "session-destroy", Session: "sb", Key: "k", Start: s(2), End: s(2), Replica: "broker-0"}}, true},
+		{"admin destroy learned late while the holder's broker was cut from Consul", []Hold{
+			lockHold(1, 1, 10, 1, 4, "lost:SESSION_INVALIDATED"),
+		}, []Fault{{Kind: "consul-blackhole-short", Target: "broker-0↔consul", Start: s(2.5), End: s(3.5)},
+			{Kind: "session-destroy", Session: "sb", Key: "k", Start: s(2), End: s(2), Replica: "broker-0"}}, true},
+		{"admin destroy learned late; only another broker was paused", []Hold{
+			lockHold(1, 1, 10, 1, 4, "lost:SESSION_INVALIDATED"),
+		}, []Fault{{Kind: "broker-pause", Target: "broker-1", Start: s(1.5), End: s(3.5)},
+			{Kind: "session-destroy", Session: "sb", Key: "k", Start: s(2), End: s(2), Replica: "broker-0"}}, false},
+		{"admin destroy learned late; a blinding fault only after the bound ran out", []Hold{
+			lockHold(1, 1, 10, 1, 4, "lost:SESSION_INVALIDATED"),
+		}, []Fault{{Kind: "consul-leader-kill", Start: s(3.2), End: s(4)},
+			{Kind: "session-destroy", Session: "sb", Key: "k", Start: s(2), End: s(2), Replica: "broker-0"}}, false},
 		{"a paused client is not held to the bound", []Hold{
 			{ID: 1, Client: 1, Key: "k", Token: 10, Acquired: s(1), End: s(30), Reason: "lost:LOCAL_DEADLINE", Deadline: s(8), Paused: true},
 			lockHold(2, 2, 20, 20, 21, EndReleased),

@@ -108,9 +108,13 @@ type Fault struct {
 	Start  time.Duration
 	End    time.Duration // healed (0 while active)
 	Note   string
-	// Session and Key name what an admin fault took away.
+	// Session and Key name what an admin fault took away; Replica and
+	// Server the broker whose stream held it and its Consul server, when
+	// known.
 	Session string
 	Key     string
+	Replica string `json:",omitempty"`
+	Server  string `json:",omitempty"`
 }
 
 // Quiet is a period with no fault active (everything up and healed).

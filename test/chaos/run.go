@@ -754,7 +754,9 @@ func (r *run) inject(ctx context.Context, p Planned) {
 			r.note(p.Kind + ": " + err.Error())
 			return
 		}
-		f := r.start(Fault{Kind: p.Kind, Target: fmt.Sprintf("client-%d %s", h.Client, h.Key), Session: h.Session, Key: h.Key})
+		fault := Fault{Kind: p.Kind, Target: fmt.Sprintf("client-%d %s", h.Client, h.Key), Session: h.Session, Key: h.Key}
+		fault.Replica, fault.Server = r.replicaOf(h.Client)
+		f := r.start(fault)
 		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err = c.Session().Destroy(h.Session, (&api.WriteOptions{}).WithContext(dctx))
 		cancel()
