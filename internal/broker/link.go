@@ -31,9 +31,8 @@ const (
 	// and the client receiving it (a client counts guaranteed_for from
 	// when it receives the event).
 	lingerGrace = 500 * time.Millisecond
-	// goneWait is how long the broker waits, after a stream's context
-	// ended, to learn whether its connection ended too (the server closes
-	// the connection right after cancelling its streams).
+	// goneWait is how long the broker waits, after a send on a stream
+	// failed, for the stream's context to end.
 	goneWait = 250 * time.Millisecond
 	// DefaultPromiseBound: with the server's default keepalive (3 s + 2 s)
 	// and lingerGrace, a vanished client's hold is released within 20 s.
@@ -57,7 +56,11 @@ func connGone(ctx context.Context) <-chan struct{} {
 }
 
 // disconnected reports whether ctx ended because its connection was lost
-// (rather than cancelled by the client).
+// (rather than cancelled by the client). gRPC closes a connection before
+// it cancels the connection's streams, so a stream cancelled while its
+// connection was still open was cancelled by the client (RST_STREAM),
+// even if the client closes the connection right after (a process that
+// cancels and exits).
 func disconnected(ctx context.Context) bool {
 	gone := connGone(ctx)
 	if gone == nil {
@@ -65,10 +68,14 @@ func disconnected(ctx context.Context) bool {
 	}
 	t := time.NewTimer(goneWait)
 	defer t.Stop()
+	select { // a failed send may come just before the context ends
+	case <-ctx.Done():
+	case <-t.C:
+	}
 	select {
 	case <-gone:
 		return true
-	case <-t.C:
+	default:
 		return false
 	}
 }

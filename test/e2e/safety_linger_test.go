@@ -110,3 +110,26 @@ func TestCancelledStreamReleasesAtOnce(t *testing.T) {
 	t.Logf("waiter acquired %s after the holder cancelled", time.Since(cancelled))
 	assert.Less(t, time.Since(cancelled), 2*time.Second)
 }
+
+// A client that cancels its stream and closes its connection just after
+// (a process that gives up and exits) gave the hold up: the cancel reached
+// the broker while the connection was open, so it is released at once,
+// not kept like a lost connection's. (A close that overtakes the cancel
+// cannot be told from a lost connection.)
+func TestCancelThenCloseReleasesAtOnce(t *testing.T) {
+	t.Parallel()
+	agent := consultest.Start(t)
+	r := brokertest.Start(t, agent)
+	conn := lkDial(t, r.Addr)
+	holder := acquire(t, lockbrokerv1.NewLockServiceClient(conn), &lockbrokerv1.AcquireRequest{Key: "linger/cancel-close", Session: fast()})
+	holder.acquired(5 * time.Second)
+	waiter := acquire(t, r.Locks(t), &lockbrokerv1.AcquireRequest{Key: "linger/cancel-close", Session: fast()})
+	waiter.next(5*time.Second, isQueued)
+	cancelled := time.Now()
+	holder.cancel()
+	time.Sleep(20 * time.Millisecond) // the cancel leaves before the close
+	require.NoError(t, conn.Close())
+	waiter.acquired(3 * time.Second)
+	t.Logf("waiter acquired %s after the holder cancelled and closed", time.Since(cancelled))
+	assert.Less(t, time.Since(cancelled), 2*time.Second)
+}
