@@ -16,8 +16,8 @@ import (
 const readyKey = "_consultest/ready"
 
 // waitReady polls the agent at addr until it reports itself (the agent whose
-// server RPC address is leader) as leader and a KV write (with token, if not
-// "") succeeds, the agent exits (exited is closed), or ctx is done. Checking
+// server RPC address is leader) as leader and a KV write and a session
+// (with token, if not "") succeed, the agent exits (exited is closed), or ctx is done. Checking
 // the leader's address guards against probing some other agent that took our
 // HTTP port. With https the probe speaks HTTPS.
 func waitReady(ctx context.Context, addr, leader, token string, https *HTTPS, exited <-chan struct{}) error {
@@ -76,6 +76,15 @@ func probe(ctx context.Context, c *api.Client, want string) error {
 	}
 	if _, err := c.KV().Delete(readyKey, w); err != nil {
 		return fmt.Errorf("kv delete: %w", err)
+	}
+	// A session needs the agent's node registered in the catalog, which
+	// comes a moment after the leader ("Missing node registration").
+	id, _, err := c.Session().Create(&api.SessionEntry{TTL: "10s"}, w)
+	if err != nil {
+		return fmt.Errorf("session create: %w", err)
+	}
+	if _, err := c.Session().Destroy(id, w); err != nil {
+		return fmt.Errorf("session destroy: %w", err)
 	}
 	return nil
 }
