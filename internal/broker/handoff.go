@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"sync"
-	"time"
 )
 
 // Direct hand-off: when a holder on this replica releases a lock key for
@@ -132,16 +131,9 @@ func (h *hold) handOff(ctx context.Context) bool {
 		return false
 	}
 	key := h.spec.Key
-	wrec := w.record()
-	wnext := wrec.next()
-	wnext.Holds[key] = 0
-	wnext.Since[key] = time.Now().UnixMilli()
-	if w.again {
-		wnext.Again[key] = true
-	}
 	at := len(ops)
-	ops = append(ops, wrec.writeOps(wnext)...)
-	ops = append(ops, Op{Verb: OpLock, Key: key, Value: w.spec.Value, Flags: LockFlagValue, Session: w.session})
+	grant, wnext := w.lockGrantOps()
+	ops = append(ops, grant...)
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
 		return false

@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // Sequencer identifies one grant.
@@ -47,16 +46,9 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 	} else {
 		ops = append(ops, Op{Verb: OpCheckIndex, Key: key, Index: st.lock.ModifyIndex})
 	}
-	rec := h.record()
-	next := rec.next()
-	next.Holds[key] = 0
-	next.Since[key] = time.Now().UnixMilli()
-	if h.again {
-		next.Again[key] = true
-	}
 	recAt := len(ops)
-	ops = append(ops, rec.writeOps(next)...)
-	ops = append(ops, Op{Verb: OpLock, Key: key, Value: h.spec.Value, Flags: LockFlagValue, Session: h.session})
+	grant, next := h.lockGrantOps()
+	ops = append(ops, grant...)
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
 		// Cancelled in flight: Consul may have committed it (see settle).
@@ -71,6 +63,16 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 	h.setRecord(next)
 	h.b.hub.known.forget(key)
 	return &Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}, nil
+}
+
+// lockGrantOps are the ops that grant h the lock at its key: the
+// session's record (conditioned on it) with the new grant, then the
+// acquire; next is the record as they write it.
+func (h *hold) lockGrantOps() (ops []Op, next *record) {
+	rec := h.record()
+	next = rec.with(h.spec.Key, h.again)
+	ops = append(rec.writeOps(next), Op{Verb: OpLock, Key: h.spec.Key, Value: h.spec.Value, Flags: LockFlagValue, Session: h.session})
+	return ops, next
 }
 
 // lockConflict says why st cannot be locked.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
+	"time"
 )
 
 // The broker's own keys. Tenants can never use this prefix.
@@ -109,6 +110,18 @@ func (r *record) next() *record {
 		}
 	}
 	return &n
+}
+
+// with is next with a new (pending) grant of key; again marks a key the
+// session held before (see Again).
+func (r *record) with(key string, again bool) *record {
+	n := r.next()
+	n.Holds[key] = 0
+	n.Since[key] = time.Now().UnixMilli()
+	if again {
+		n.Again[key] = true
+	}
+	return n
 }
 
 // without is next with key's hold gone: the record a release writes.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"time"
 )
 
 func contenderKey(prefix, session string) string { return prefix + "/" + session }
@@ -113,9 +112,7 @@ func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequen
 	casAt := len(ops) - 1
 	ops = append(ops, deadContenderOps(st, h.session)...)
 	rec := h.record()
-	next := rec.next()
-	next.Holds[prefix] = 0
-	next.Since[prefix] = time.Now().UnixMilli()
+	next := rec.with(prefix, false)
 	recAt := len(ops)
 	ops = append(ops, rec.writeOps(next)...)
 	res, err := h.st.Txn(ctx, ops)
