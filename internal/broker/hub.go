@@ -54,8 +54,8 @@ type hub struct {
 
 	mu        sync.Mutex
 	watches   map[string]*keyWatch
-	dedicated int                              // running dedicated queries, lingering ones included
-	running   map[*keyWatch]context.CancelFunc // the dedicated ones (see preemptLocked)
+	dedicated int                         // running dedicated queries, lingering ones included
+	running   map[*keyWatch]*dedicatedRun // each dedicated key's current query loop
 	guards    map[*guard]struct{}
 	known     knownFree // see known.go
 	closed    bool      // close was called
@@ -69,7 +69,7 @@ func newHub(store Store, log *zap.Logger, maxDedicated int, sweepInterval time.D
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &hub{
 		store: store, log: log, maxDedicated: maxDedicated, sweepInterval: sweepInterval,
-		watches: make(map[string]*keyWatch), running: make(map[*keyWatch]context.CancelFunc), guards: make(map[*guard]struct{}), kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+		watches: make(map[string]*keyWatch), running: make(map[*keyWatch]*dedicatedRun), guards: make(map[*guard]struct{}), kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
 	}
 	h.wg.Go(func() { h.sweep(ctx) })
 	return h

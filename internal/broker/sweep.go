@@ -9,12 +9,12 @@ import (
 )
 
 // run is a dedicated watch's loop: one blocking query after another.
-func (kw *keyWatch) run(ctx context.Context) {
+func (kw *keyWatch) run(ctx context.Context, r *dedicatedRun) {
 	h := kw.h
 	defer func() {
 		h.mu.Lock()
-		if cancel, ok := h.running[kw]; ok { // not preempted: count it out
-			cancel()
+		r.cancel()
+		if h.running[kw] == r { // neither preempted nor parked: count it out
 			delete(h.running, kw)
 			h.dedicated--
 		}
@@ -23,7 +23,11 @@ func (kw *keyWatch) run(ctx context.Context) {
 	var index uint64
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
-		if index > 0 && (kw.retire() || kw.park()) {
+		if index > 0 && kw.retire() {
+			return
+		}
+		if index > 0 && kw.park(r) {
+			testHookParked(kw.key)
 			return
 		}
 		entries, next, err := h.store.Watch(ctx, kw.key, index)
@@ -60,6 +64,10 @@ func (kw *keyWatch) run(ctx context.Context) {
 		}
 	}
 }
+
+// testHookParked runs in a parked loop after it was counted out and
+// before it returns (hub_test.go restarts the key's watch there).
+var testHookParked = func(key string) {}
 
 // maxWatchBackoff caps the pause between failed blocking queries of a
 // dedicated watch (at most DefaultMaxBlocking of them per replica).
@@ -122,10 +130,13 @@ func (h *hub) sweep(ctx context.Context) {
 // sweepOnce reads the swept keys that are new or stale, and checks the
 // others with read-only transactions; keys whose checks fail are read.
 func (h *hub) sweepOnce(ctx context.Context) {
-	var reread []*keyWatch
+	var reread, blind []*keyWatch
 	var checks checkBatches[*keyWatch]
 	h.mu.Lock()
 	for key, kw := range h.watches {
+		if kw.dedicated && h.running[kw] == nil {
+			blind = append(blind, kw)
+		}
 		if kw.dedicated || kw.pending {
 			continue
 		}
@@ -141,6 +152,13 @@ func (h *hub) sweepOnce(ctx context.Context) {
 		default:
 			checks.add(kw, ops...)
 		}
+	}
+	for _, kw := range blind {
+		// A dedicated key with no query learns of no change: a broken
+		// invariant (see dedicatedRun), reported and mended.
+		h.log.Error("a watched key had no query; starting one", zap.String("key", kw.key))
+		kw.dedicated, kw.pending = false, true
+		h.startLocked(kw)
 	}
 	h.mu.Unlock()
 	h.reread(ctx, append(reread, failedOwners(ctx, h, &checks)...))

@@ -48,8 +48,9 @@ func (h *hub) startLocked(kw *keyWatch) {
 		kw.dedicated = true
 		h.dedicated++
 		ctx, cancel := context.WithCancel(h.ctx)
-		h.running[kw] = cancel
-		h.wg.Go(func() { kw.run(ctx) })
+		r := &dedicatedRun{cancel: cancel}
+		h.running[kw] = r
+		h.wg.Go(func() { kw.run(ctx, r) })
 	} else {
 		h.kickLocked()
 	}
@@ -59,14 +60,14 @@ func (h *hub) startLocked(kw *keyWatch) {
 // lingers until it returns, see hub.go), so that a key that is wanted now
 // gets its slot: its connection closes with it.
 func (h *hub) preemptLocked() {
-	for kw, cancel := range h.running {
+	for kw, r := range h.running {
 		kw.mu.Lock()
 		idle := len(kw.subs) == 0
 		kw.mu.Unlock()
 		if !idle {
 			continue
 		}
-		cancel()
+		r.cancel()
 		delete(h.running, kw)
 		h.dedicated--
 		if h.watches[kw.key] == kw {
@@ -75,6 +76,13 @@ func (h *hub) preemptLocked() {
 		return
 	}
 }
+
+// dedicatedRun is one dedicated query loop of a key. A parked key may
+// start its next loop before the parked one has returned: each loop
+// counts itself out only while it is still the key's current one, so that
+// the old loop never ends its successor (the key would stay dedicated
+// with no query: blind to every change until the replica restarts).
+type dedicatedRun struct{ cancel context.CancelFunc }
 
 // activate starts the subscriber's watch now if it is still pending.
 func (s *sub) activate() {
@@ -91,8 +99,8 @@ func (s *sub) activate() {
 // (a hot key cycled by short holds would otherwise keep a blocking query
 // running, answering every grant and release): it goes back to pending
 // and starts again when the youngest hold is no longer young. It reports
-// whether it did; the caller's query loop then ends.
-func (kw *keyWatch) park() bool {
+// whether it did; the caller's query loop (r) then ends.
+func (kw *keyWatch) park(r *dedicatedRun) bool {
 	h := kw.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -113,8 +121,8 @@ func (kw *keyWatch) park() bool {
 		return false
 	}
 	kw.dedicated, kw.pending = false, true
-	if cancel, ok := h.running[kw]; ok { // counted out here: a restart may come before run's return
-		cancel()
+	if h.running[kw] == r { // counted out here: a restart may come before run's return
+		r.cancel()
 		delete(h.running, kw)
 		h.dedicated--
 	}

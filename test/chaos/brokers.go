@@ -288,8 +288,8 @@ func freeTCPPorts(n int) ([]string, error) {
 	return out, nil
 }
 
-// scanLog returns the lines of path that show a data race, a panic or a
-// fatal runtime error.
+// scanLog returns the lines of path that show a data race, a panic, a
+// fatal runtime error or a broken invariant the broker reports.
 func scanLog(path string) []string {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -305,6 +305,7 @@ func scanLog(path string) []string {
 			strings.HasPrefix(line, "panic:"),
 			strings.HasPrefix(line, "fatal error:"),
 			strings.Contains(line, `"panic in handler"`),
+			strings.Contains(line, "a watched key had no query"), // a broken hub invariant (internal/broker/sweep.go)
 			strings.Contains(line, `"level":"panic"`), strings.Contains(line, `"level":"fatal"`),
 			strings.Contains(line, "Found ") && strings.Contains(line, "data race"):
 			out = append(out, fmt.Sprintf("%s: %s", filepath.Base(path), truncate(line, 300)))

@@ -61,8 +61,10 @@ Write at 0x00c000 by goroutine 7:
 {"level":"error","msg":"panic in handler","panic":"boom"}
 panic: runtime error: index out of range [recovered]
 fatal error: concurrent map writes
+{"level":"error","msg":"a watched key had no query; starting one","key":"k"}
+{"level":"error","msg":"cannot release","key":"k"}
 `), 0o644))
 	got := scanLog(path)
-	assert.Len(t, got, 4)
+	assert.Len(t, got, 5)
 	assert.Empty(t, scanLog(filepath.Join(t.TempDir(), "none.log")), "no log, no findings")
 }

@@ -1,0 +1,50 @@
+package broker
+
+// Probes for hub_test.go (package broker_test, which runs the hub on the
+// real consulstore and a real Consul agent).
+
+// SetParkedHook sets the hook a parked watch loop runs before it returns;
+// the returned func restores the previous one.
+func SetParkedHook(f func(key string)) (restore func()) {
+	old := testHookParked
+	testHookParked = f
+	return func() { testHookParked = old }
+}
+
+// WatchState is how a key is watched on a replica.
+type WatchState struct {
+	Watched   bool // the key has a watch
+	Pending   bool // not started yet
+	Dedicated bool // meant to have a blocking query of its own
+	Running   bool // a query loop of its own runs
+}
+
+// WatchState reports how key is watched.
+func (b *Broker) WatchState(key string) WatchState {
+	h := b.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	kw := h.watches[key]
+	if kw == nil {
+		return WatchState{}
+	}
+	return WatchState{Watched: true, Pending: kw.pending, Dedicated: kw.dedicated, Running: h.running[kw] != nil}
+}
+
+// SubscribeLazy subscribes to key as a hold does. wake signals each
+// change; index returns the newest listing's index.
+func (b *Broker) SubscribeLazy(key string) (wake <-chan struct{}, index func() uint64, close func()) {
+	s := b.hub.subscribeLazy(key)
+	return s.wake, func() uint64 { _, i, _, _ := s.listing(); return i }, s.close
+}
+
+// StartWatch starts key's watch if it is pending, as a waiter's
+// activation or a parked watch's timer does.
+func (b *Broker) StartWatch(key string) {
+	h := b.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if kw := h.watches[key]; kw != nil {
+		h.startLocked(kw)
+	}
+}

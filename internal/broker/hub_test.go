@@ -1,0 +1,81 @@
+package broker_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/lockbroker/lockbroker/internal/broker"
+	"github.com/lockbroker/lockbroker/internal/consulstore"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// A parked watch (its holds all young) may be started again before its
+// old query loop has returned: by a waiter's activation or by a timer.
+// The old loop must not end its successor on the way out: the key would
+// stay meant for a query of its own with none running, blind to every
+// change (in the chaos suite: a destroyed session noticed only by the
+// next renewal, 1.6 s late, and waiters never woken by other replicas).
+// The hook restarts the watch exactly in that window; afterwards a change
+// made in Consul must still reach the subscriber.
+func TestParkedWatchRestartedBeforeItsLoopEnds(t *testing.T) {
+	agent := consultest.Start(t)
+	store, err := consulstore.Open(agent.Config(), consulstore.Options{WaitTime: 5 * time.Second})
+	require.NoError(t, err)
+	core, logs := observer.New(zap.ErrorLevel)
+	b := broker.New(store, zap.New(core))
+	t.Cleanup(b.Close)
+	kv := agent.Client().KV()
+	key := "hub/park-restart"
+	_, err = kv.Put(&api.KVPair{Key: key, Value: []byte("v0")}, nil)
+	require.NoError(t, err)
+
+	var once sync.Once
+	restarted := make(chan struct{})
+	t.Cleanup(broker.SetParkedHook(func(k string) {
+		if k == key {
+			once.Do(func() { b.StartWatch(key); close(restarted) })
+		}
+	}))
+
+	// The first subscriber's timer starts the watch at 200 ms; by then
+	// only the second, still young, is left: the watch parks.
+	_, _, closeFirst := b.SubscribeLazy(key)
+	time.Sleep(150 * time.Millisecond)
+	wake, index, closeSecond := b.SubscribeLazy(key)
+	t.Cleanup(closeSecond)
+	time.Sleep(30 * time.Millisecond)
+	closeFirst()
+	select {
+	case <-restarted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watch never parked")
+	}
+
+	// Once the subscriber is no longer young its watch runs, and a write
+	// in Consul reaches it within the loss bound.
+	time.Sleep(300 * time.Millisecond)
+	assert.Equal(t, broker.WatchState{Watched: true, Dedicated: true, Running: true}, b.WatchState(key))
+	for len(wake) > 0 {
+		<-wake
+	}
+	_, err = kv.Put(&api.KVPair{Key: key, Value: []byte("v1")}, nil)
+	require.NoError(t, err)
+	written, _, err := kv.Get(key, nil)
+	require.NoError(t, err)
+	deadline := time.After(time.Second)
+	for index() < written.ModifyIndex {
+		select {
+		case <-wake:
+		case <-deadline:
+			t.Fatalf("the write at index %d never reached the subscriber (watch %+v, listing at %d)", written.ModifyIndex, b.WatchState(key), index())
+		}
+	}
+	assert.Zero(t, logs.Len(), "no broken watch had to be mended: %v", logs.All())
+}
