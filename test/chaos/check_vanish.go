@@ -37,7 +37,7 @@ type VanishBounds struct {
 func (b VanishBounds) excuse(f Fault, fr Freeze) time.Duration {
 	owner := fr.Replica == "" || f.Target == fr.Replica
 	switch f.Kind {
-	case FBrokerPause, FBrokerPauseLong, FBrokerTerm:
+	case FBrokerPause, FBrokerPauseLong, FBrokerPauseFailover, FBrokerTerm:
 		// Stopped, its keepalive stops too; once it runs (or drains, and
 		// releases what nobody resumed) it has the whole promise again.
 		if owner {

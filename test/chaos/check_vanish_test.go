@@ -53,6 +53,12 @@ func TestCheckVanished(t *testing.T) {
 	assert.True(t, check(Fault{Kind: FConsulReset, Target: "broker-1↔consul", Start: s(10), End: s(11)}).OK)
 	// A pause of the owner delays keepalive by the pause.
 	assert.True(t, check(Fault{Kind: FBrokerPauseLong, Target: "broker-1", Start: s(10), End: s(22)}).OK)
+	// So does the failover pause (the run at seed 412353885: the owner
+	// stopped 11.6s into the freeze, before its linger ended, and released
+	// the lock when it ran again).
+	assert.True(t, check(Fault{Kind: FBrokerPauseFailover, Target: "broker-1", Start: s(13.6), End: s(24.9)}).OK)
+	assert.False(t, check(Fault{Kind: FBrokerPauseFailover, Target: "broker-0", Start: s(13.6), End: s(24.9)}).OK,
+		"another replica's pause excuses nothing")
 	assert.False(t, check(Fault{Kind: FBrokerPause, Target: "broker-1", Start: s(3), End: s(5)}).OK,
 		"a 2s pause does not excuse 15s more")
 
