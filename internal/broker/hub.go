@@ -90,6 +90,8 @@ type keyWatch struct {
 	subs    map[*sub]struct{}
 	delays  map[string]time.Duration // lock-delay of holder sessions
 	arrived uint64                   // waiters so far (their order)
+	// published is when the newest listing came (see describe).
+	published time.Time
 }
 
 // sub is one subscriber of a key. It keeps only a wake-up signal and a
@@ -241,6 +243,7 @@ func (kw *keyWatch) publish(entries []*Entry, index uint64) {
 	}
 	first := !kw.ready
 	kw.entries, kw.index, kw.ready, kw.stale = entries, index, true, false
+	kw.published = time.Now()
 	fp := fingerprintOf(entries)
 	for s := range kw.subs {
 		due := s.need > 0 && s.woke < s.need && index >= s.need

@@ -39,6 +39,11 @@ func (h *hold) keep(ctx context.Context) error {
 			k.keepalive(ctx, h.ren.safeUntil())
 		case err := <-k.failed:
 			if errors.Is(err, ErrSessionNotFound) {
+				// The key's watch should have told first (its loss bound
+				// is 1 s, a renewal comes every TTL/3): say how it was
+				// watched.
+				h.b.log.Warn("session gone, noticed by its renewal before the key's watch",
+					append([]zap.Field{zap.String("key", h.spec.Key), zap.String("session", h.session)}, h.sub.describe()...)...)
 				h.life.End(lost(LostSessionInvalidated, "the session no longer exists in Consul"))
 			} else {
 				h.life.End(lost(LostRenewalFailed, err.Error()))

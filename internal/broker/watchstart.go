@@ -3,6 +3,8 @@ package broker
 import (
 	"context"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // watchDelay is how long a hold's new watch waits before it starts (see
@@ -128,4 +130,28 @@ func (kw *keyWatch) park(r *dedicatedRun) bool {
 	}
 	time.AfterFunc(time.Until(until), func() { h.start(kw) })
 	return true
+}
+
+// describe says how the subscriber's key is watched, for a log line.
+func (s *sub) describe() []zap.Field {
+	kw := s.kw
+	h := kw.h
+	h.mu.Lock()
+	how := "swept"
+	switch {
+	case h.watches[kw.key] != kw:
+		how = "dropped"
+	case kw.pending:
+		how = "pending"
+	case kw.dedicated && h.running[kw] != nil:
+		how = "dedicated"
+	case kw.dedicated:
+		how = "dedicated, no query"
+	}
+	h.mu.Unlock()
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	return []zap.Field{zap.String("watch", how), zap.Uint64("listing_index", kw.index),
+		zap.Duration("listing_age", time.Since(kw.published)), zap.Bool("young", s.young.After(time.Now())),
+		zap.Uint64("unread", s.seen-s.read)}
 }
