@@ -151,12 +151,22 @@ func (h *hold) checkLoss(ctx context.Context) {
 		h.followValue(st)
 		return
 	}
-	if h.life.Phase() != PhaseHeld {
-		return // a release by this replica is in flight: it decides
+	if p := h.life.Phase(); p != PhaseHeld {
+		// A release by this replica is in flight: it decides.
+		h.b.log.Debug("loss seen while the hold is not held", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Int("phase", int(p)))
+		return
+	}
+	if age := h.sub.listingAge(); age > lossReadTimeout/2 {
+		h.b.log.Warn("a lost hold read its key's listing late", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Duration("listing_age", age))
 	}
 	rctx, cancel := context.WithTimeout(ctx, lossReadTimeout)
 	defer cancel()
-	h.life.End(h.lossOutcome(rctx, seq, lost(reason, detail)))
+	began := time.Now()
+	o := h.lossOutcome(rctx, seq, lost(reason, detail))
+	if d := time.Since(began); d > lossReadTimeout/2 {
+		h.b.log.Warn("slow read of a lost hold's record", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Duration("took", d))
+	}
+	h.life.End(o)
 }
 
 // followValue notes the hold's value as it now is in Consul (a SetValue
@@ -256,7 +266,11 @@ func (h *hold) conclude(ctx context.Context, o Outcome) error {
 		h.finish(false)
 		return ctx.Err()
 	}
+	began := time.Now()
 	err := h.sendLost(o.Reason, o.Detail)
+	if d := time.Since(began); d > lossReadTimeout/2 {
+		h.b.log.Warn("slow send of `lost`", zap.String("key", seq.Key), zap.String("session", seq.Session), zap.Duration("took", d), zap.Error(err))
+	}
 	if o.Reason == LostRenewalFailed {
 		// Consul is unreachable: clean up in the background, briefly.
 		h.b.holds.Add(1)

@@ -155,3 +155,10 @@ func (s *sub) describe() []zap.Field {
 		zap.Duration("listing_age", time.Since(kw.published)), zap.Bool("young", s.young.After(time.Now())),
 		zap.Uint64("unread", s.seen-s.read)}
 }
+
+// listingAge is how long ago the subscriber's key was last published.
+func (s *sub) listingAge() time.Duration {
+	s.kw.mu.Lock()
+	defer s.kw.mu.Unlock()
+	return time.Since(s.kw.published)
+}
