@@ -200,8 +200,27 @@ func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer,
 	hist := c.env.Hist
 	c.cur.Store(&leaseRef{l})
 	defer c.cur.Store(nil)
+	// The loss is timed when the lease reports it, not when this loop
+	// gets to it: the loop may be inside a CheckSequencer call to a
+	// stopped broker for up to its 2s timeout. Every action the loop takes
+	// as holder checks the lease first (lostNow), so the belief ends there.
+	var lostAt atomic.Int64
+	stopTiming := make(chan struct{})
+	defer close(stopTiming)
+	go func() {
+		select {
+		case <-l.lost():
+			lostAt.Store(int64(hist.Now()))
+		case <-stopTiming:
+		}
+	}()
+	paused := false // a frozen client's belief ends when it wakes (see frozen)
 	end := func(reason string) {
-		hist.EndHold(h, hist.Now(), reason, hist.Offset(l.deadline()), int(c.resumes.Load()-resumes0))
+		at := hist.Now()
+		if t := time.Duration(lostAt.Load()); t > 0 && t < at && !paused {
+			at = t
+		}
+		hist.EndHold(h, at, reason, hist.Offset(l.deadline()), int(c.resumes.Load()-resumes0))
 	}
 	lostNow := func() bool {
 		select {
@@ -219,6 +238,7 @@ func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer,
 	checkT := time.NewTimer(c.between(300*time.Millisecond, 1500*time.Millisecond))
 	defer checkT.Stop()
 	frozen := func() {
+		paused = true
 		hist.Pause(h)
 		c.gate.waitThaw(ctx)
 		// A paused process finishes the write it had started, without
