@@ -11,24 +11,17 @@ func SetParkedHook(f func(key string)) (restore func()) {
 	return func() { testHookParked = old }
 }
 
-// WatchState is how a key is watched on a replica.
-type WatchState struct {
-	Watched   bool // the key has a watch
-	Pending   bool // not started yet
-	Dedicated bool // meant to have a blocking query of its own
-	Running   bool // a query loop of its own runs
-}
-
-// WatchState reports how key is watched.
-func (b *Broker) WatchState(key string) WatchState {
+// WatchMode says how key is watched: "" when it has no watch, else
+// swept, pending, dedicated, or "dedicated, no query" (a broken watch).
+func (b *Broker) WatchMode(key string) string {
 	h := b.hub
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	kw := h.watches[key]
 	if kw == nil {
-		return WatchState{}
+		return ""
 	}
-	return WatchState{Watched: true, Pending: kw.pending, Dedicated: kw.dedicated, Running: h.running[kw] != nil}
+	return h.modeLocked(kw)
 }
 
 // SubscribeLazy subscribes to key as a hold does. wake signals each

@@ -13,6 +13,10 @@ import (
 // answer in time the loss is reported with the reason the state shows.
 const lossReadTimeout = 500 * time.Millisecond
 
+// slowLossStep: a step of a loss notice (reading the key's listing, the
+// record, sending `lost`) that takes longer is logged (warn).
+const slowLossStep = lossReadTimeout / 2
+
 // keep holds the grant until its outcome is decided, then carries it out.
 // It returns nil after `lost` or `released`, and ctx's error when the
 // client went away.
@@ -151,19 +155,17 @@ func (h *hold) checkLoss(ctx context.Context) {
 		h.followValue(st)
 		return
 	}
-	if p := h.life.Phase(); p != PhaseHeld {
-		// A release by this replica is in flight: it decides.
-		h.b.log.Debug("loss seen while the hold is not held", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Int("phase", int(p)))
-		return
+	if h.life.Phase() != PhaseHeld {
+		return // a release by this replica is in flight: it decides
 	}
-	if age := h.sub.listingAge(); age > lossReadTimeout/2 {
+	if age := h.sub.listingAge(); age > slowLossStep {
 		h.b.log.Warn("a lost hold read its key's listing late", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Duration("listing_age", age))
 	}
 	rctx, cancel := context.WithTimeout(ctx, lossReadTimeout)
 	defer cancel()
 	began := time.Now()
 	o := h.lossOutcome(rctx, seq, lost(reason, detail))
-	if d := time.Since(began); d > lossReadTimeout/2 {
+	if d := time.Since(began); d > slowLossStep {
 		h.b.log.Warn("slow read of a lost hold's record", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Duration("took", d))
 	}
 	h.life.End(o)
@@ -268,7 +270,7 @@ func (h *hold) conclude(ctx context.Context, o Outcome) error {
 	}
 	began := time.Now()
 	err := h.sendLost(o.Reason, o.Detail)
-	if d := time.Since(began); d > lossReadTimeout/2 {
+	if d := time.Since(began); d > slowLossStep {
 		h.b.log.Warn("slow send of `lost`", zap.String("key", seq.Key), zap.String("session", seq.Session), zap.Duration("took", d), zap.Error(err))
 	}
 	if o.Reason == LostRenewalFailed {

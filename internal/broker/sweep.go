@@ -134,7 +134,7 @@ func (h *hub) sweepOnce(ctx context.Context) {
 	var checks checkBatches[*keyWatch]
 	h.mu.Lock()
 	for key, kw := range h.watches {
-		if kw.dedicated && h.running[kw] == nil && !h.closed { // (closing: the loops are ending)
+		if !h.closed && h.modeLocked(kw) == modeBlind { // (closing: the loops are ending)
 			blind = append(blind, kw)
 		}
 		if kw.dedicated || kw.pending {

@@ -132,22 +132,36 @@ func (kw *keyWatch) park(r *dedicatedRun) bool {
 	return true
 }
 
+// Watch modes of a key, as modeLocked names them.
+const (
+	modeSwept     = "swept"
+	modeDropped   = "dropped" // no longer the hub's watch of its key
+	modePending   = "pending"
+	modeDedicated = "dedicated"
+	modeBlind     = "dedicated, no query" // never expected (see dedicatedRun)
+)
+
+// modeLocked says how kw's key is watched. h.mu is held.
+func (h *hub) modeLocked(kw *keyWatch) string {
+	switch {
+	case h.watches[kw.key] != kw:
+		return modeDropped
+	case kw.pending:
+		return modePending
+	case kw.dedicated && h.running[kw] != nil:
+		return modeDedicated
+	case kw.dedicated:
+		return modeBlind
+	}
+	return modeSwept
+}
+
 // describe says how the subscriber's key is watched, for a log line.
 func (s *sub) describe() []zap.Field {
 	kw := s.kw
 	h := kw.h
 	h.mu.Lock()
-	how := "swept"
-	switch {
-	case h.watches[kw.key] != kw:
-		how = "dropped"
-	case kw.pending:
-		how = "pending"
-	case kw.dedicated && h.running[kw] != nil:
-		how = "dedicated"
-	case kw.dedicated:
-		how = "dedicated, no query"
-	}
+	how := h.modeLocked(kw)
 	h.mu.Unlock()
 	kw.mu.Lock()
 	defer kw.mu.Unlock()
