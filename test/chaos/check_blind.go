@@ -24,24 +24,25 @@ func blinded(s *Snapshot, f Fault, h Hold, taken time.Duration) bool {
 		if g.Start > f.Start+taken || end < f.Start-time.Second {
 			continue
 		}
-		if blinds(g, f) {
+		if hitsHolder(g, f.Replica, f.Server) {
 			return true
 		}
 	}
 	return false
 }
 
-// blinds says whether fault g keeps the broker that held f's lock (f's
-// Replica and Server, any when unknown) from seeing Consul.
-func blinds(g, f Fault) bool {
-	owner := f.Replica == "" || g.Target == f.Replica
+// hitsHolder says whether fault g stops the broker that holds a hold, or
+// cuts it off from Consul: that broker (replica) paused, stopped or
+// killed, its link to Consul cut, its Consul server killed, or a Consul
+// leader election. An empty replica or server matches any.
+func hitsHolder(g Fault, replica, server string) bool {
 	switch g.Kind {
 	case FBrokerPause, FBrokerPauseLong, FBrokerPauseFailover, FBrokerTerm, FBrokerKill:
-		return owner
+		return replica == "" || g.Target == replica
 	case FConsulBlackhole, FConsulBlackholeLong, FConsulReset:
-		return f.Replica == "" || g.Target == f.Replica+"↔consul"
+		return replica == "" || g.Target == replica+"↔consul"
 	case FConsulFollowerKill:
-		return f.Server == "" || g.Target == f.Server
+		return server == "" || g.Target == server
 	case FConsulLeaderKill, FConsulRestartAll:
 		return true
 	}

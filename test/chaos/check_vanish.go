@@ -32,34 +32,22 @@ type VanishBounds struct {
 
 // excuse is how long after fault f a vanished holder's lock may still be
 // stuck, when f hits what the frozen client's hold relied on (0: f does
-// not touch it). The owning replica and its Consul server are fr's
-// Replica and Server (any, when unknown).
+// not touch it, see hitsHolder). The owning replica and its Consul server
+// are fr's Replica and Server (any, when unknown).
 func (b VanishBounds) excuse(f Fault, fr Freeze) time.Duration {
-	owner := fr.Replica == "" || f.Target == fr.Replica
+	if !hitsHolder(f, fr.Replica, fr.Server) {
+		return 0
+	}
 	switch f.Kind {
 	case FBrokerPause, FBrokerPauseLong, FBrokerPauseFailover, FBrokerTerm:
 		// Stopped, its keepalive stops too; once it runs (or drains, and
 		// releases what nobody resumed) it has the whole promise again.
-		if owner {
-			return b.Vanish
-		}
-	case FBrokerKill:
-		if owner { // orphaned: only the session's TTL frees the lock
-			return b.Recovery
-		}
-	case FConsulBlackhole, FConsulBlackholeLong, FConsulReset:
-		// The release may fail ("its session expires with its TTL").
-		if fr.Replica == "" || f.Target == fr.Replica+"↔consul" {
-			return b.Recovery
-		}
-	case FConsulFollowerKill:
-		if fr.Server == "" || f.Target == fr.Server {
-			return b.Recovery
-		}
-	case FConsulLeaderKill, FConsulRestartAll:
-		return b.Recovery
+		return b.Vanish
 	}
-	return 0
+	// Killed, the session is orphaned; cut off from Consul, or during an
+	// election, the release may fail: only the session's TTL frees the
+	// lock ("its session expires with its TTL").
+	return b.Recovery
 }
 
 // deadline is when the lock of a client frozen by fr must have gone to
