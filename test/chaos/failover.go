@@ -31,14 +31,17 @@ func (r *run) pauseFailover(ctx context.Context, p Planned) {
 	}
 	f := r.start(Fault{Kind: p.Kind, Target: b.Name(), Note: p.Dur.String()})
 	_ = b.Pause()
+	var txs []*Toxics
 	for _, c := range r.clients {
-		if err := c.Links[i].Reset(); err != nil {
+		tx, err := c.Links[i].Reset()
+		if err != nil {
 			r.note(p.Kind + ": " + err.Error())
 		}
+		txs = append(txs, tx)
 	}
 	sleep(ctx, p.Dur)
-	for _, c := range r.clients {
-		c.Links[i].Heal()
+	for _, tx := range txs {
+		tx.Heal()
 	}
 	_ = b.Continue()
 	r.end(f)

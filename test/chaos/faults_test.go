@@ -89,10 +89,11 @@ func TestLinkFaults(t *testing.T) {
 	defer c.Close()
 	require.NoError(t, roundTrip(c))
 
-	require.NoError(t, l.Blackhole())
+	bh, err := l.Blackhole()
+	require.NoError(t, err)
 	assert.True(t, l.Faulty())
 	assert.Error(t, roundTrip(c), "a blackhole drops data")
-	l.Heal()
+	bh.Heal()
 	assert.False(t, l.Faulty())
 
 	c2, err := net.Dial("tcp", l.Addr())
@@ -106,7 +107,8 @@ func TestLinkFaults(t *testing.T) {
 	defer c3.Close()
 	require.NoError(t, roundTrip(c3))
 
-	require.NoError(t, l.Latency(100, 0))
+	lat, err := l.Latency(100, 0)
+	require.NoError(t, err)
 	start := time.Now()
 	_ = c3.SetDeadline(time.Now().Add(2 * time.Second))
 	_, err = c3.Write([]byte("y"))
@@ -114,5 +116,41 @@ func TestLinkFaults(t *testing.T) {
 	_, err = io.ReadFull(c3, make([]byte, 1))
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond, "latency each way")
-	l.Heal()
+	lat.Heal()
+	assert.False(t, l.Faulty())
+}
+
+// Faults overlap on a link (a frozen client's links blackholed while a
+// replica's links are reset and healed): the end of one must not end the
+// other. The chaos run at seed 915250863 had a frozen client's lease
+// renewed for 20 s because a replica's pause-failover healed every toxic
+// of the client's link to it, the freeze's blackhole included.
+func TestLinkFaultsOverlap(t *testing.T) {
+	n := NewNetwork()
+	t.Cleanup(n.Close)
+	l, err := n.Link("test", echoServer(t))
+	require.NoError(t, err)
+
+	freeze, err := l.Blackhole()
+	require.NoError(t, err)
+	part, err := l.Blackhole()
+	require.NoError(t, err, "a second blackhole on the same link")
+	reset, err := l.Reset()
+	require.NoError(t, err)
+	part.Heal()
+	reset.Heal()
+	c, err := net.Dial("tcp", l.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	assert.True(t, l.Faulty())
+	assert.Error(t, roundTrip(c), "the freeze's blackhole outlives the faults healed before it")
+
+	freeze.Heal()
+	assert.False(t, l.Faulty())
+	c2, err := net.Dial("tcp", l.Addr())
+	require.NoError(t, err)
+	defer c2.Close()
+	require.NoError(t, roundTrip(c2), "healed")
+	var none *Toxics
+	none.Heal() // a fault that failed to start heals nothing
 }

@@ -115,6 +115,9 @@ type Fault struct {
 	Key     string
 	Replica string `json:",omitempty"`
 	Server  string `json:",omitempty"`
+	// Clients a client-link fault hit; its Replica is the one broker they
+	// were cut from ("" for every broker).
+	Clients []int `json:",omitempty"`
 }
 
 // Quiet is a period with no fault active (everything up and healed).

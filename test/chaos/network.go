@@ -31,7 +31,8 @@ type Link struct {
 	p    *toxiproxy.Proxy
 
 	mu     sync.Mutex
-	toxics []string
+	seq    int
+	toxics map[string]bool // on the proxy now
 }
 
 // Link starts a proxy on a free loopback port to upstream.
@@ -40,7 +41,7 @@ func (n *Network) Link(name, upstream string) (*Link, error) {
 	if err := p.Start(); err != nil {
 		return nil, fmt.Errorf("proxy %s: %w", name, err)
 	}
-	l := &Link{Name: name, p: p}
+	l := &Link{Name: name, p: p, toxics: map[string]bool{}}
 	n.mu.Lock()
 	n.links = append(n.links, l)
 	n.mu.Unlock()
@@ -50,46 +51,88 @@ func (n *Network) Link(name, upstream string) (*Link, error) {
 // Addr is where clients of the link connect.
 func (l *Link) Addr() string { return l.p.Listen }
 
-func (l *Link) add(name, typ, stream, attrs string) error {
+// Toxics are the toxics one fault added to a link. Faults overlap (a
+// client frozen while a replica's links are reset, a partition of a
+// frozen client): each heals only its own, so the end of one fault never
+// ends another.
+type Toxics struct {
+	l     *Link
+	names []string
+}
+
+// add adds a toxic to t, under a name unique on the link.
+func (t *Toxics) add(name, typ, stream, attrs string) error {
+	l := t.l
+	l.mu.Lock()
+	l.seq++
+	name = fmt.Sprintf("%s-%d", name, l.seq)
+	l.mu.Unlock()
 	body := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":%s}`, name, typ, stream, attrs)
 	if _, err := l.p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
 		return fmt.Errorf("%s: toxic %s: %w", l.Name, name, err)
 	}
 	l.mu.Lock()
-	l.toxics = append(l.toxics, name)
+	l.toxics[name] = true
 	l.mu.Unlock()
+	t.names = append(t.names, name)
 	return nil
+}
+
+// Heal removes t's toxics (a blackhole's connections are then closed);
+// other faults' toxics on the link stay. A nil t heals nothing.
+func (t *Toxics) Heal() {
+	if t == nil {
+		return
+	}
+	t.l.remove(t.names)
+	t.names = nil
+}
+
+func (l *Link) remove(names []string) {
+	for _, n := range names {
+		l.mu.Lock()
+		ok := l.toxics[n]
+		delete(l.toxics, n)
+		l.mu.Unlock()
+		if ok {
+			_ = l.p.Toxics.RemoveToxic(context.Background(), n)
+		}
+	}
 }
 
 // Blackhole drops everything in both directions, leaving connections
 // open (a partition); new connections are accepted and hang too.
-func (l *Link) Blackhole() error {
-	if err := l.add("blackhole-up", "timeout", "upstream", `{"timeout":0}`); err != nil {
-		return err
+func (l *Link) Blackhole() (*Toxics, error) {
+	t := &Toxics{l: l}
+	if err := t.add("blackhole-up", "timeout", "upstream", `{"timeout":0}`); err != nil {
+		return t, err
 	}
-	return l.add("blackhole-down", "timeout", "downstream", `{"timeout":0}`)
+	return t, t.add("blackhole-down", "timeout", "downstream", `{"timeout":0}`)
 }
 
 // Latency delays each direction by latency ± jitter milliseconds.
-func (l *Link) Latency(latency, jitter int) error {
+func (l *Link) Latency(latency, jitter int) (*Toxics, error) {
+	t := &Toxics{l: l}
 	attrs := fmt.Sprintf(`{"latency":%d,"jitter":%d}`, latency, jitter)
-	if err := l.add("latency-up", "latency", "upstream", attrs); err != nil {
-		return err
+	if err := t.add("latency-up", "latency", "upstream", attrs); err != nil {
+		return t, err
 	}
-	return l.add("latency-down", "latency", "downstream", attrs)
+	return t, t.add("latency-down", "latency", "downstream", attrs)
 }
 
 // Reset closes every open connection of the link at once, then resets
 // (TCP RST) every connection that sends data while it lasts.
-func (l *Link) Reset() error {
+func (l *Link) Reset() (*Toxics, error) {
+	t := &Toxics{l: l}
 	if err := l.Cut(); err != nil {
-		return err
+		return t, err
 	}
-	return l.add("reset", "reset_peer", "upstream", `{"timeout":0}`)
+	return t, t.add("reset", "reset_peer", "upstream", `{"timeout":0}`)
 }
 
 // Cut closes every open connection of the link (both ends see it end);
-// the link keeps accepting new ones, on the same address.
+// the link keeps accepting new ones, on the same address, with its
+// toxics.
 func (l *Link) Cut() error {
 	l.p.Stop()
 	if err := l.p.Start(); err != nil {
@@ -98,15 +141,15 @@ func (l *Link) Cut() error {
 	return nil
 }
 
-// Heal removes every toxic (a blackhole's connections are then closed).
+// Heal removes every toxic of the link, whichever fault added it.
 func (l *Link) Heal() {
 	l.mu.Lock()
-	names := l.toxics
-	l.toxics = nil
-	l.mu.Unlock()
-	for _, n := range names {
-		_ = l.p.Toxics.RemoveToxic(context.Background(), n)
+	names := make([]string, 0, len(l.toxics))
+	for n := range l.toxics {
+		names = append(names, n)
 	}
+	l.mu.Unlock()
+	l.remove(names)
 }
 
 // Faulty reports whether the link has toxics.

@@ -630,58 +630,64 @@ func (r *run) inject(ctx context.Context, p Planned) {
 		i := pick(len(r.brokers))
 		l := r.links[i]
 		f := r.start(Fault{Kind: p.Kind, Target: r.brokers[i].Name() + "↔consul"})
+		var tx *Toxics
 		var err error
 		switch p.Kind {
 		case FConsulLatency:
-			err = l.Latency(200, 100)
+			tx, err = l.Latency(200, 100)
 		case FConsulReset:
-			err = l.Reset()
+			tx, err = l.Reset()
 		default:
-			err = l.Blackhole()
+			tx, err = l.Blackhole()
 		}
 		if err != nil {
 			r.note(p.Kind + ": " + err.Error())
 		}
 		hold()
-		l.Heal()
+		tx.Heal()
 		r.end(f)
 	case FClientPartition, FClientReset, FClientLatency:
 		n := 1 + pick(3)
 		var targets []string
+		var ids []int
 		var links []*Link
 		all := p.Pick%2 == 0 && p.Kind == FClientPartition
 		broker := pick(len(r.brokers))
 		for k := range n {
 			c := r.clients[int((p.Pick>>8+uint64(k)*7919)%uint64(len(r.clients)))]
 			targets = append(targets, c.Name())
+			ids = append(ids, c.ID)
 			for j, l := range c.Links {
 				if all || j == broker || p.Kind == FClientLatency {
 					links = append(links, l)
 				}
 			}
 		}
-		where := r.brokers[broker].Name()
+		where, replica := r.brokers[broker].Name(), r.brokers[broker].Name()
 		if all || p.Kind == FClientLatency {
-			where = "every broker"
+			where, replica = "every broker", ""
 		}
-		f := r.start(Fault{Kind: p.Kind, Target: strings.Join(targets, ",") + "↔" + where})
+		f := r.start(Fault{Kind: p.Kind, Target: strings.Join(targets, ",") + "↔" + where, Clients: ids, Replica: replica})
+		var txs []*Toxics
 		for _, l := range links {
+			var tx *Toxics
 			var err error
 			switch p.Kind {
 			case FClientPartition:
-				err = l.Blackhole()
+				tx, err = l.Blackhole()
 			case FClientReset:
-				err = l.Reset()
+				tx, err = l.Reset()
 			default:
-				err = l.Latency(200, 100)
+				tx, err = l.Latency(200, 100)
 			}
 			if err != nil {
 				r.note(p.Kind + ": " + err.Error())
 			}
+			txs = append(txs, tx)
 		}
 		hold()
-		for _, l := range links {
-			l.Heal()
+		for _, tx := range txs {
+			tx.Heal()
 		}
 		r.end(f)
 	case FClientFreeze, FClientFreezeReset:
@@ -719,10 +725,13 @@ func (r *run) inject(ctx context.Context, p Planned) {
 			fr.Replica, fr.Server = r.brokers[i].Name(), fmt.Sprintf("consul-%d", i%r.cluster.Size())
 		}
 		c.gate.Freeze()
+		var txs []*Toxics
 		for _, l := range c.Links {
-			if err := l.Blackhole(); err != nil {
+			tx, err := l.Blackhole()
+			if err != nil {
 				r.note(p.Kind + ": " + err.Error())
 			}
+			txs = append(txs, tx)
 			if p.Kind == FClientFreezeReset { // its connections die at once
 				if err := l.Cut(); err != nil {
 					r.note(p.Kind + ": " + err.Error())
@@ -730,8 +739,8 @@ func (r *run) inject(ctx context.Context, p Planned) {
 			}
 		}
 		hold()
-		for _, l := range c.Links {
-			l.Heal()
+		for _, tx := range txs {
+			tx.Heal()
 		}
 		c.gate.Thaw()
 		r.end(f)
