@@ -135,10 +135,12 @@ func CheckFencing(s *Snapshot) Result {
 
 // CheckOverlap checks the belief intervals: for every key, holds of
 // clients that were not paused never overlap in time beyond the key's
-// limit (1 for a lock). All clients share the run's clock.
+// limit (1 for a lock). All clients share the run's clock. A hold an
+// operator took away while its client was cut off from its broker is
+// checked up to that moment (see unheardTake).
 func CheckOverlap(s *Snapshot) Result {
 	r := newResult(CheckerOverlap)
-	checked := 0
+	checked, unheard := 0, 0
 	for _, key := range sortedKeys(byKey(s.Holds)) {
 		holds := byKey(s.Holds)[key]
 		limit := s.limit(key)
@@ -153,7 +155,12 @@ func CheckOverlap(s *Snapshot) Result {
 				continue
 			}
 			checked++
-			evs = append(evs, ev{h.Acquired, true, h}, ev{h.End, false, h})
+			end := h.End
+			if u := unheardTake(s, h, takenBound); u > 0 && u < end {
+				end = max(u, h.Acquired)
+				unheard++
+			}
+			evs = append(evs, ev{h.Acquired, true, h}, ev{end, false, h})
 		}
 		sort.SliceStable(evs, func(i, j int) bool {
 			if evs[i].at != evs[j].at {
@@ -185,7 +192,7 @@ func CheckOverlap(s *Snapshot) Result {
 			}
 		}
 	}
-	r.Summary = fmt.Sprintf("%d holds of non-paused clients checked for overlap", checked)
+	r.Summary = fmt.Sprintf("%d holds of non-paused clients checked for overlap (%d taken away by an operator while cut off from their broker: checked until then)", checked, unheard)
 	return r
 }
 
@@ -231,6 +238,9 @@ var takenReasons = map[string]bool{
 //     the brokers on behalf of their holders, so such a loss means a
 //     broker (an old replica, say) took a live hold away.
 //
+// A client cut off from its broker when an operator took its hold away
+// cannot be told (unheardTake): it is held to its deadline only.
+//
 // It also measures the loss-notice latency.
 func CheckLoss(s *Snapshot, b LossBounds) (Result, LossStats) {
 	r := newResult(CheckerLoss)
@@ -251,8 +261,12 @@ func CheckLoss(s *Snapshot, b LossBounds) (Result, LossStats) {
 				Excerpt: []string{h.describe()}})
 		}
 		if s.limit(h.Key) == 1 {
+			end := h.End
+			if u := unheardTake(s, h, b.Taken); u > 0 {
+				end = min(end, u)
+			}
 			for _, g := range holds[h.Key] {
-				if g.ID != h.ID && g.Client != h.Client && g.Acquired > h.Acquired && g.Acquired < h.End {
+				if g.ID != h.ID && g.Client != h.Client && g.Acquired > h.Acquired && g.Acquired < end {
 					r.add(Violation{At: g.Acquired, Key: h.Key,
 						Msg:     fmt.Sprintf("another holder received acquired %s before this holder learned of its loss", ms(h.End-g.Acquired)),
 						Excerpt: []string{h.describe(), g.describe()}})
@@ -288,7 +302,7 @@ func CheckLoss(s *Snapshot, b LossBounds) (Result, LossStats) {
 			if h.Paused || s.frozen(h.Client, h.Acquired, h.End) {
 				continue
 			}
-			if h.End-f.Start > b.Taken+b.Slack && !blinded(s, f, h, b.Taken) {
+			if h.End-f.Start > b.Taken+b.Slack && !blinded(s, f, h, b.Taken) && unheardTake(s, h, b.Taken) == 0 {
 				r.add(Violation{At: h.End, Key: h.Key,
 					Msg:     fmt.Sprintf("hold taken away in Consul at %s (%s) learned %s later (bound %s)", ms(f.Start), f.Kind, ms(h.End-f.Start), b.Taken),
 					Excerpt: []string{h.describe()}})

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -11,6 +12,48 @@ import (
 // cannot see the change; what it promises then is the other bound (lost
 // before the guaranteed deadline, and before anyone else gets the lock),
 // which the loss-bound checker checks for every hold anyway.
+
+// takenBound is DESIGN.md's bound for a lock taken away in Consul to be
+// reported to its holder.
+const takenBound = time.Second
+
+// An operator destroying a session takes the lock away in Consul at once,
+// and the broker tells the holder within takenBound: if the holder can
+// hear it. A client cut off from the broker holding its stream (a
+// partition from it, or from every broker) cannot. It believes until its
+// guaranteed deadline, and Consul's lock-delay (shorter than a
+// guaranteed_for in these runs) may let the next holder in first. Nothing
+// can do better (the broker cannot reach the client, and Consul has handed
+// the key on): only the token protects the resource then, which the
+// fencing checker checks. Such a hold's belief is checked up to the
+// destroy and not after, like a paused client's.
+
+// unheardTake returns when an admin fault took h away while h's client was
+// cut off from the broker holding it (from the destroy until the bound ran
+// out), or 0. A partition from one broker counts only when the fault
+// names the holder's broker, and that one.
+func unheardTake(s *Snapshot, h Hold, taken time.Duration) time.Duration {
+	f := adminFault(s, h)
+	if f == nil {
+		return 0
+	}
+	for _, g := range s.Faults {
+		if g.Kind != FClientPartition || !slices.Contains(g.Clients, h.Client) {
+			continue
+		}
+		if g.Replica != "" && g.Replica != f.Replica {
+			continue
+		}
+		end := g.End
+		if end == 0 {
+			end = s.End
+		}
+		if g.Start <= f.Start+taken && end >= f.Start {
+			return f.Start
+		}
+	}
+	return 0
+}
 
 // blinded reports whether a fault that keeps the holder's broker from
 // seeing Consul was on when admin fault f took h's lock away, or began

@@ -78,6 +78,18 @@ func TestCheckOverlap(t *testing.T) {
 			lockHold(1, 1, 10, 1, 30, "lost:LOCAL_DEADLINE"),
 			lockHold(2, 2, 20, 2, 4, EndReleased),
 		}, []Freeze{{Client: 1, Start: s(1.5), End: s(25)}}, nil, true},
+		{"taken by an operator while cut off from every broker: believed past the destroy", []Hold{
+			lockHold(1, 1, 10, 1, 6, EndReleased),
+			lockHold(2, 2, 21, 4.5, 7, EndReleased),
+		}, nil, nil, true},
+		{"taken by an operator while cut off from another broker only", []Hold{
+			lockHold(1, 1, 10, 1, 6, EndReleased),
+			lockHold(2, 2, 31, 4.5, 7, EndReleased),
+		}, nil, nil, false},
+		{"cut off and taken by an operator, but overlapped before the destroy", []Hold{
+			lockHold(1, 1, 10, 1, 6, EndReleased),
+			lockHold(2, 2, 41, 2, 2.2, EndReleased),
+		}, nil, nil, false},
 		{"semaphore within its limit", []Hold{
 			{ID: 1, Client: 1, Key: "sem", Acquired: s(1), End: s(5)},
 			{ID: 2, Client: 2, Key: "sem", Acquired: s(1), End: s(5)},
@@ -93,10 +105,25 @@ func TestCheckOverlap(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := CheckOverlap(&Snapshot{Holds: tt.holds, Freezes: tt.freezes, Limits: tt.limits})
+			r := CheckOverlap(&Snapshot{Holds: tt.holds, Freezes: tt.freezes, Limits: tt.limits, Faults: cutOffFaults(tt.holds[1].Token)})
 			assert.Equal(t, tt.ok, r.OK, "%+v", r)
 		})
 	}
+}
+
+// cutOffFaults: client 1 (holding k on broker-0 with session "sb")
+// partitioned from every broker (tok 21, 41) or from broker-1 only
+// (31) from 2.4 s, and its session destroyed at 2.5 s; lock-delay lets
+// the next holder in at 4.5 s. Any other token: no faults.
+func cutOffFaults(tok uint64) []Fault {
+	destroy := Fault{Kind: FSessionDestroy, Session: "sb", Key: "k", Start: s(2.5), End: s(2.5), Replica: "broker-0"}
+	switch tok {
+	case 21, 41:
+		return []Fault{{Kind: FClientPartition, Target: "client-1↔every broker", Clients: []int{1}, Start: s(2.4), End: s(8)}, destroy}
+	case 31:
+		return []Fault{{Kind: FClientPartition, Target: "client-1↔broker-1", Clients: []int{1}, Replica: "broker-1", Start: s(2.4), End: s(8)}, destroy}
+	}
+	return nil
 }
 
 func TestCheckLoss(t *testing.T) {
@@ -143,6 +170,16 @@ func TestCheckLoss(t *testing.T) {
 			lockHold(1, 1, 10, 1, 4, "lost:SESSION_INVALIDATED"),
 		}, []Fault{{Kind: "consul-leader-kill", Start: s(3.2), End: s(4)},
 			{Kind: "session-destroy", Session: "sb", Key: "k", Start: s(2), End: s(2), Replica: "broker-0"}}, false},
+		{"admin destroy unheard: the client was cut off from its broker", []Hold{
+			lockHold(1, 1, 10, 1, 6, "lost:LOCAL_DEADLINE"),
+			lockHold(2, 2, 20, 4.5, 7, EndReleased),
+		}, cutOffFaults(21), true},
+		{"admin destroy unheard: cut off from its broker, but past its deadline", []Hold{
+			{ID: 1, Client: 1, Kind: KindLib, Key: "k", Limit: 1, Token: 10, Session: "sb", Acquired: s(1), End: s(6), Reason: "lost:LOCAL_DEADLINE", Deadline: s(5)},
+		}, cutOffFaults(21), false},
+		{"admin destroy learned late; the client was cut off from another broker only", []Hold{
+			lockHold(1, 1, 10, 1, 6, "lost:SESSION_INVALIDATED"),
+		}, cutOffFaults(31), false},
 		{"a paused client is not held to the bound", []Hold{
 			{ID: 1, Client: 1, Key: "k", Token: 10, Acquired: s(1), End: s(30), Reason: "lost:LOCAL_DEADLINE", Deadline: s(8), Paused: true},
 			lockHold(2, 2, 20, 20, 21, EndReleased),

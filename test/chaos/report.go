@@ -105,7 +105,7 @@ func (r *run) report(s *Snapshot, sched *Schedule, left Leftovers, d time.Durati
 // lossBounds are DESIGN.md's: a loss is learned by the guaranteed
 // deadline (100ms of slack for timers on a loaded 2-core machine), and
 // within 1s when the hold is taken away in Consul.
-var lossBounds = LossBounds{Slack: 100 * time.Millisecond, Taken: time.Second}
+var lossBounds = LossBounds{Slack: 100 * time.Millisecond, Taken: takenBound}
 
 func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
