@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -156,9 +155,9 @@ func statOf(pid int) (ppid int, cpu time.Duration) {
 	return ppid, time.Duration(ut+st) * time.Second / clockTick
 }
 
-// rssKiB returns VmRSS and VmHWM (peak RSS) of this process in KiB.
-func rssKiB() (rss, hwm int64) {
-	f, err := os.Open("/proc/self/status")
+// rssKiB returns VmRSS and VmHWM (peak RSS) of process pid in KiB.
+func rssKiB(pid int) (rss, hwm int64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, 0
 	}
@@ -180,15 +179,16 @@ func rssKiB() (rss, hwm int64) {
 	return rss, hwm
 }
 
-// consulConns counts this process's established TCP connections to
+// consulConns counts process pid's established TCP connections to
 // 127.0.0.1:port (or [::1]:port), from /proc/net/tcp{,6} matched against the
-// socket inodes of /proc/self/fd: every connection any client in the
-// process holds to the agent's HTTP port.
-func consulConns(port int) int {
+// socket inodes of /proc/<pid>/fd: every connection the process holds to
+// the agent's HTTP port.
+func consulConns(pid, port int) int {
 	inodes := map[string]bool{}
-	fds, _ := os.ReadDir("/proc/self/fd")
+	dir := fmt.Sprintf("/proc/%d/fd/", pid)
+	fds, _ := os.ReadDir(dir)
 	for _, fd := range fds {
-		l, err := os.Readlink("/proc/self/fd/" + fd.Name())
+		l, err := os.Readlink(dir + fd.Name())
 		if err == nil && strings.HasPrefix(l, "socket:[") {
 			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
 		}
@@ -217,80 +217,27 @@ func consulConns(port int) int {
 	return n
 }
 
-// sideOf classifies a stack (leaf first, up to 32 frames) as "broker"
-// (the in-process replica: internal/ packages, the gRPC server), "client"
-// (this test's streams and the gRPC client), "consul-http" (net/http
-// connections to Consul, whoever owns them) or "other".
-func sideOf(stk []uintptr) string {
-	frames := runtime.CallersFrames(stk)
-	side := "other"
-	for {
-		f, more := frames.Next()
-		switch fn := f.Function; {
-		case strings.Contains(fn, "lockbroker/test/bench."),
-			strings.Contains(fn, "grpc.newClientStream"), strings.Contains(fn, "grpc.(*clientStream)"),
-			strings.Contains(fn, "http2Client"), strings.Contains(fn, "NewHTTP2Client"), strings.Contains(fn, "grpc.(*ClientConn)"),
-			strings.Contains(fn, "grpc.(*addrConn)"), strings.Contains(fn, "ccBalancerWrapper"),
-			strings.Contains(fn, "ccResolverWrapper"):
-			return "client"
-		case strings.Contains(fn, "lockbroker/internal/"), strings.Contains(fn, "grpc.(*Server)"),
-			strings.Contains(fn, "http2Server"), strings.Contains(fn, "NewServerTransport"):
-			side = "broker" // unless a client frame is further up
-		case side == "other" && strings.Contains(fn, "net/http.(*persistConn)"):
-			side = "consul-http"
-		}
-		if !more {
-			return side
-		}
-	}
-}
-
-// goroutineCounts counts the process's goroutines by sideOf their stacks
-// (runtime.GoroutineProfile: it does not stop the world for long, unlike a
-// full stack dump).
-func goroutineCounts() map[string]int {
-	var recs []runtime.StackRecord
-	for {
-		n, ok := runtime.GoroutineProfile(recs)
-		if ok {
-			recs = recs[:n]
-			break
-		}
-		recs = make([]runtime.StackRecord, n+n/10+16)
-	}
-	out := map[string]int{}
-	for _, r := range recs {
-		out[sideOf(r.Stack())]++
-	}
-	return out
-}
-
-// heapBySide estimates the live heap by sideOf the allocating stack, in
-// bytes, from the sampled heap profile (as of the last GC), each sample
-// scaled as pprof does.
-func heapBySide() map[string]float64 {
-	var recs []runtime.MemProfileRecord
-	for {
-		n, ok := runtime.MemProfile(recs, true)
-		if ok {
-			recs = recs[:n]
-			break
-		}
-		recs = make([]runtime.MemProfileRecord, n+n/10+16)
-	}
-	rate := float64(runtime.MemProfileRate)
+// scrape reads the unlabelled samples of a broker's /metrics (Prometheus
+// text format) at addr: go_goroutines, lockbroker_consul_blocking_queries
+// and the like. A failed read gives an empty map (zeros).
+func scrape(addr string) map[string]float64 {
 	out := map[string]float64{}
-	for _, r := range recs {
-		objs, bytes := r.InUseObjects(), r.InUseBytes()
-		if objs <= 0 || bytes <= 0 {
+	cl := http.Client{Timeout: 5 * time.Second}
+	resp, err := cl.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
 			continue
 		}
-		scale := 1.0
-		if rate > 1 {
-			avg := float64(bytes) / float64(objs)
-			scale = 1 / (1 - math.Exp(-avg/rate))
+		if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
+			out[name] = v
 		}
-		out[sideOf(r.Stack())] += float64(bytes) * scale
 	}
 	return out
 }

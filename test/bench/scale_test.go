@@ -13,7 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
@@ -38,8 +42,10 @@ type scaleHold struct {
 // TestScale is issue 10 item 1 / issue 12's scale row: one replica holds
 // 10,000 locks on 10,000 distinct top-level prefixes (t<i>/lock) and serves
 // 1,000 watchers of some of those keys, against an agent that enforces
-// http_max_conns_per_client = 200. It prints figures; it asserts only that
-// the run completed.
+// http_max_conns_per_client = 200. The replica is the broker binary in a
+// process of its own, as it is deployed, so that its RSS, goroutines and
+// Consul connections are its own (read from /proc and its /metrics). It
+// prints figures; it asserts only that the run completed.
 func TestScale(t *testing.T) {
 	if !*scale {
 		t.Skip("run with -scale (make bench)")
@@ -47,26 +53,33 @@ func TestScale(t *testing.T) {
 	agent := consultest.Start(t, consultest.WithHCL(`limits { http_max_conns_per_client = 200 }`))
 	_, portStr, _ := net.SplitHostPort(agent.HTTPAddr())
 	port, _ := strconv.Atoi(portStr)
-	r := startBroker(t, agent)
-	c := lockbrokerv1.NewLockServiceClient(r.Conn(t))
+	bp := brokertest.StartProcess(t, agent)
+	pid := bp.Pid()
+	waitPool(t, agent)
+	conn, err := grpc.NewClient(bp.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := lockbrokerv1.NewLockServiceClient(conn)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	nHolds, nWatchers := *scaleHolds, min(*scaleWatchers, *scaleHolds)
 	watchEvery := max(nHolds/max(nWatchers, 1), 1) // watcher w watches hold w*watchEvery
 
 	load0 := loadAvg()
-	runtime.GC()
-	g0 := goroutineCounts()
-	rss0, _ := rssKiB()
+	m0 := scrape(bp.HTTPAddr)
+	rss0, _ := rssKiB(pid)
 
 	// Sample connections to the agent and blocking queries all along.
 	var maxConns, maxBlocking, maxQueued atomic.Int64
 	monStop := make(chan struct{})
 	monDone := make(chan struct{})
 	sample := func() {
-		setMax(&maxConns, int64(consulConns(port)))
-		setMax(&maxBlocking, r.Store.OpenBlockingQueries())
-		setMax(&maxQueued, r.Store.QueuedBlockingQueries())
+		setMax(&maxConns, int64(consulConns(pid, port)))
+		m := scrape(bp.HTTPAddr)
+		setMax(&maxBlocking, int64(m["lockbroker_consul_blocking_queries"]))
+		setMax(&maxQueued, int64(m["lockbroker_consul_blocking_queries_queued"]))
 	}
 	go func() {
 		defer close(monDone)
@@ -196,15 +209,9 @@ func TestScale(t *testing.T) {
 	lostBefore, endedBefore, watchBefore := lost.Load(), ended.Load(), watchEvents.Load()
 	windowStart := time.Now()
 	time.Sleep(*scaleWindow / 2)
-	snapStart := time.Now()
-	runtime.GC()
-	gDuring := goroutineCounts()
-	heap := heapBySide()
-	rss, hwm := rssKiB()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	blockingNow := r.Store.OpenBlockingQueries()
-	snapTook := time.Since(snapStart)
+	mDuring := scrape(bp.HTTPAddr)
+	rss, hwm := rssKiB(pid)
+	blockingNow := int64(mDuring["lockbroker_consul_blocking_queries"])
 	time.Sleep(time.Until(windowStart.Add(*scaleWindow)))
 	lostWindow, endedWindow := lost.Load()-lostBefore, ended.Load()-endedBefore
 	watchWindow := watchEvents.Load() - watchBefore
@@ -236,16 +243,8 @@ func TestScale(t *testing.T) {
 	}
 	stopMonitor()
 
-	goroutinesPer := func(kind string) float64 {
-		return float64(gDuring[kind]-g0[kind]) / float64(max(nAcquired, 1))
-	}
-	totalG := func(m map[string]int) int {
-		n := 0
-		for _, v := range m {
-			n += v
-		}
-		return n
-	}
+	g0, gDuring := m0["go_goroutines"], mDuring["go_goroutines"]
+	goroutinesPerHold := (gDuring - g0) / float64(max(nAcquired, 1))
 	var tb textTable
 	tb.add("scale figure", "value", "target (issues 10, 12)")
 	tb.add("holds acquired (t<i>/lock, one top-level prefix each)", fmt.Sprintf("%d / %d", nAcquired, nHolds), "all")
@@ -259,32 +258,19 @@ func TestScale(t *testing.T) {
 	tb.add("max TCP connections to the agent's HTTP port (whole run)", strconv.FormatInt(maxConns.Load(), 10), "≤ 180")
 	tb.add("max / mid-window open blocking queries (Store)", fmt.Sprintf("%d / %d", maxBlocking.Load(), blockingNow), "capped")
 	tb.add("max blocking queries queued for a slot", strconv.FormatInt(maxQueued.Load(), 10), "")
-	tb.add("RSS mid-window / peak (whole process: broker + test clients)", fmt.Sprintf("%.0f / %.0f MiB (+%.0f MiB)", float64(rss)/1024, float64(hwm)/1024, float64(rss-rss0)/1024), "≤ 512 MiB (broker)")
-	tb.add("Go heap / goroutine stacks in use mid-window (whole process)",
-		fmt.Sprintf("%.0f / %.0f MiB", float64(ms.HeapInuse)/(1<<20), float64(ms.StackInuse)/(1<<20)), "")
-	mib := func(k string) string { return fmt.Sprintf("%.0f", heap[k]/(1<<20)) }
-	tb.add("  live heap by allocating side, MiB (broker, client, consul-http, other)",
-		fmt.Sprintf("%s, %s, %s, %s", mib("broker"), mib("client"), mib("consul-http"), mib("other")), "")
-	// The broker's own memory, estimated: its share of the sampled heap
-	// plus its goroutines' share of the stacks (the process's other
-	// overheads are left out).
-	stackShare := float64(ms.StackInuse) * float64(gDuring["broker"]) / float64(max(totalG(gDuring), 1))
-	tb.add("  broker estimate: its heap + its goroutines' share of stacks",
-		fmt.Sprintf("%.0f + %.0f = %.0f MiB", heap["broker"]/(1<<20), stackShare/(1<<20), (heap["broker"]+stackShare)/(1<<20)), "≤ 512 MiB")
-	tb.add("time the mid-window reading took (GC + profiles)", snapTook.Round(time.Millisecond).String(), "")
-	tb.add("broker-side goroutines per hold ((during−before)/holds)", fmt.Sprintf("%.2f", goroutinesPer("broker")), "≤ 3")
-	tb.add("client-side goroutines per hold (this test's streams)", fmt.Sprintf("%.2f", goroutinesPer("client")), "")
-	tb.add("goroutines: before → mid-window (broker, client, consul-http, other)",
-		fmt.Sprintf("%d → %d (%d, %d, %d, %d)", totalG(g0), totalG(gDuring), gDuring["broker"], gDuring["client"], gDuring["consul-http"], gDuring["other"]), "")
+	tb.add("broker RSS mid-window / peak (its process, /proc/<pid>/status)", fmt.Sprintf("%.0f / %.0f MiB (%.0f MiB before the holds)", float64(rss)/1024, float64(hwm)/1024, float64(rss0)/1024), "≤ 512 MiB")
+	tb.add("broker Go heap / goroutine stacks in use mid-window (/metrics)",
+		fmt.Sprintf("%.0f / %.0f MiB", mDuring["go_memstats_heap_inuse_bytes"]/(1<<20), mDuring["go_memstats_stack_inuse_bytes"]/(1<<20)), "")
+	tb.add("broker goroutines per hold ((mid-window − before)/holds)", fmt.Sprintf("%.2f", goroutinesPerHold), "≤ 3")
+	tb.add("broker goroutines: before → mid-window", fmt.Sprintf("%.0f → %.0f", g0, gDuring), "")
 	tb.add(fmt.Sprintf("loss notice, unwatched hold, p50 / max (n=%d)", loss.len()),
 		fmt.Sprintf("%s / %s ms", fmtMs(loss.p50()), fmtMs(loss.quantile(1))), "≤ 1000 ms")
 
 	var out strings.Builder
 	fmt.Fprintf(&out, "# scale run (issue 10 item 1, issue 12) — reproduce: %s\n", reproduce)
 	fmt.Fprintf(&out, "# GOMAXPROCS=%d cpu %q, load average at start %s, at end %s; tree: %s\n", runtime.GOMAXPROCS(0), cpuModel(), load0, loadAvg(), treeState(t))
-	fmt.Fprintf(&out, "# one in-process replica, one gRPC connection carrying %d Acquire + %d Watch streams, default session options;\n", nHolds, nWatchers)
-	out.WriteString("#   agent started with limits { http_max_conns_per_client = 200 }. RSS, heap and goroutine totals include this\n")
-	fmt.Fprintf(&out, "#   test's own client side (%d streams in the same process); goroutines are classified by stack.\n", nHolds+nWatchers)
+	fmt.Fprintf(&out, "# one replica (the broker binary, its own process, default flags), one gRPC connection carrying %d Acquire\n", nHolds)
+	fmt.Fprintf(&out, "#   + %d Watch streams, default session options; agent started with limits { http_max_conns_per_client = 200 }.\n", nWatchers)
 	out.WriteString(tb.String())
 	for _, x := range []struct {
 		name string
@@ -296,7 +282,7 @@ func TestScale(t *testing.T) {
 	}
 	fmt.Fprintf(&out, "SCALE holds=%d acquired=%d watchers=%d acquire_all=%s lost_window=%d ended_window=%d max_consul_conns=%d max_blocking=%d rss_mib=%.0f broker_goroutines_per_hold=%.2f loss_p50_ms=%.1f\n",
 		nHolds, nAcquired, nWatchers, acquireAll.Round(time.Millisecond), lostWindow, endedWindow, maxConns.Load(), maxBlocking.Load(),
-		float64(rss)/1024, goroutinesPer("broker"), msOf(loss.p50()))
+		float64(rss)/1024, goroutinesPerHold, msOf(loss.p50()))
 	fmt.Print(out.String())
 	cancel()
 }
