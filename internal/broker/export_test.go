@@ -1,5 +1,7 @@
 package broker
 
+import "time"
+
 // Probes for hub_test.go (package broker_test, which runs the hub on the
 // real consulstore and a real Consul agent).
 
@@ -41,3 +43,16 @@ func (b *Broker) StartWatch(key string) {
 		h.startLocked(kw)
 	}
 }
+
+// Renewer is a session's renewer, for session_test.go.
+type Renewer struct{ r *renewer }
+
+// NewRenewer returns a renewer of session id (created at start).
+func NewRenewer(st Store, id string, ttl time.Duration, start time.Time) Renewer {
+	return Renewer{newRenewer(st, id, ttl, start)}
+}
+
+func (r Renewer) Start()                    { r.r.start() }
+func (r Renewer) Stop()                     { r.r.stop() }
+func (r Renewer) Renewed() <-chan time.Time { return r.r.renewed }
+func (r Renewer) Failed() <-chan error      { return r.r.failed }

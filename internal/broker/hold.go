@@ -67,12 +67,10 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 	h.sub.kw.mu.Unlock()
 	defer h.sub.close()
 
-	rctx, stopRenew := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() { stopRenew(); wg.Wait() }()
 	if h.owned {
 		h.ren = newRenewer(h.st, h.session, h.ttl, h.start)
-		wg.Go(func() { h.ren.run(rctx) })
+		h.ren.start()
+		defer h.ren.stop()
 	}
 
 	seq, resumed, err := h.obtain(ctx)

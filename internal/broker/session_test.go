@@ -1,0 +1,87 @@
+package broker_test
+
+import (
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockbroker/lockbroker/internal/broker"
+	"github.com/lockbroker/lockbroker/internal/consulstore"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// A renewer renews its session every TTL/3 with a timer (no goroutine
+// waits in between), reports each new safe deadline, reports the
+// session's end once, and after Stop renews nothing more.
+func TestRenewer(t *testing.T) {
+	agent := consultest.Start(t)
+	store, err := consulstore.Open(agent.Config(), consulstore.Options{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const ttl = 10 * time.Second
+	newSession := func() (string, time.Time) {
+		start := time.Now()
+		id, err := store.CreateSession(ctx, broker.SessionSpec{TTL: ttl})
+		require.NoError(t, err)
+		return id, start
+	}
+
+	id, start := newSession()
+	stoppedID, stoppedStart := newSession()
+	g0 := runtime.NumGoroutine()
+	live := broker.NewRenewer(store, id, ttl, start)
+	stopped := broker.NewRenewer(store, stoppedID, ttl, stoppedStart)
+	const many = 200 // renewers between renewals hold no goroutine
+	var idle []broker.Renewer
+	for range many {
+		r := broker.NewRenewer(store, stoppedID, ttl, stoppedStart)
+		r.Start()
+		idle = append(idle, r)
+	}
+	live.Start()
+	stopped.Start()
+	assert.Less(t, runtime.NumGoroutine()-g0, many/10, "goroutines while %d renewers wait", many+2)
+	for _, r := range idle {
+		r.Stop()
+	}
+	stopped.Stop()
+	stopped.Stop() // idempotent
+
+	sent := time.Now()
+	select {
+	case d := <-live.Renewed():
+		at := time.Now()
+		assert.GreaterOrEqual(t, at.Sub(sent), ttl/3-100*time.Millisecond, "not before TTL/3")
+		// The deadline counts from when the renewal was sent, less the
+		// safety margin (1 s for a 10 s TTL).
+		assert.WithinRange(t, d, sent.Add(ttl/3+ttl-time.Second-500*time.Millisecond), at.Add(ttl-time.Second))
+	case err := <-live.Failed():
+		t.Fatalf("renewal failed: %v", err)
+	case <-time.After(ttl/3 + 2*time.Second):
+		t.Fatal("no renewal within TTL/3 + 2 s")
+	}
+
+	// The session ends in Consul: the next renewal says so, once.
+	require.NoError(t, store.DestroySession(ctx, id))
+	select {
+	case err := <-live.Failed():
+		assert.ErrorIs(t, err, broker.ErrSessionNotFound)
+	case <-time.After(ttl/3 + 2*time.Second):
+		t.Fatal("the session's end not reported within TTL/3 + 2 s")
+	}
+	live.Stop()
+
+	// The renewer stopped before its first renewal reported nothing.
+	select {
+	case d := <-stopped.Renewed():
+		t.Fatalf("a stopped renewer renewed (deadline %s)", d)
+	case err := <-stopped.Failed():
+		t.Fatalf("a stopped renewer reported %v", err)
+	default:
+	}
+}
