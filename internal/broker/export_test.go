@@ -56,3 +56,23 @@ func (r Renewer) Start()                    { r.r.start() }
 func (r Renewer) Stop()                     { r.r.stop() }
 func (r Renewer) Renewed() <-chan time.Time { return r.r.renewed }
 func (r Renewer) Failed() <-chan error      { return r.r.failed }
+
+// Probes for record_test.go.
+
+// RecordKey is the key of session's record.
+func RecordKey(session string) string { return recordKey(session) }
+
+// RecordWriteOps are the ops a grant or release writes session's record
+// with, on the record as e shows it (nil: none yet).
+func RecordWriteOps(session string, e *Entry) []Op {
+	r := decodeRecord(session, e)
+	return r.writeOps(r.next())
+}
+
+// RecordWritten is recordWritten.
+func RecordWritten(ops []Op, res []*Entry, session string) uint64 {
+	return recordWritten(ops, res, session)
+}
+
+// UnlockOps are the ops that unlock key held by session.
+func UnlockOps(key, session string) []Op { return unlockOps(key, session, nil, false) }

@@ -148,7 +148,7 @@ func (h *hold) recycle(released bool) bool {
 		return false
 	}
 	h.b.noteRelease(ops, res)
-	next.index, next.live = res[1].ModifyIndex, true
+	next.index, next.live = recordWritten(ops, res, h.session), true
 	return giveBack(next)
 }
 

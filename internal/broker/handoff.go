@@ -131,17 +131,16 @@ func (h *hold) handOff(ctx context.Context) bool {
 		return false
 	}
 	key := h.spec.Key
-	at := len(ops)
 	grant, wnext := w.lockGrantOps()
 	ops = append(ops, grant...)
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
 		return false
 	}
-	next.index, next.live = res[1].ModifyIndex, true
+	next.index, next.live = recordWritten(ops, res, h.session), true
 	h.setRecord(next)
 	e := res[len(res)-1]
-	wnext.index, wnext.live = res[at+1].ModifyIndex, true
+	wnext.index, wnext.live = recordWritten(ops, res, w.session), true
 	w.setRecord(wnext)
 	h.b.hub.known.forget(key)
 	granted = &Sequencer{Key: key, Session: w.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}

@@ -163,8 +163,6 @@ func unlockOps(key, session string, value []byte, del bool) []Op {
 			{Verb: OpDelete, Key: key},
 		}
 	}
-	return []Op{
-		{Verb: OpCheckSession, Key: key, Session: session},
-		{Verb: OpUnlock, Key: key, Value: value, Flags: LockFlagValue, Session: session},
-	}
+	// Consul's unlock fails unless session holds the key (TxnNotHeld).
+	return []Op{{Verb: OpUnlock, Key: key, Value: value, Flags: LockFlagValue, Session: session}}
 }

@@ -152,10 +152,31 @@ func (r *record) guard() Op {
 	return Op{Verb: OpCheckIndex, Key: recordKey(r.session), Index: r.index}
 }
 
-// writeOps conditions on r and writes n (acquired by the session).
+// writeOps conditions on r and writes n, acquired by the session. A live
+// record is rewritten with one check-and-set: Consul's set keeps the
+// entry's session, and the index check also proves the session alive (its
+// end releases or deletes the entry, which moves the index). An absent or
+// dead record is written with a guard and a lock, which checks the
+// session. The record's own write is the last op either way (see
+// recordWritten).
 func (r *record) writeOps(n *record) []Op {
 	body, _ := json.Marshal(n)
+	if r.index != 0 && r.live {
+		return []Op{{Verb: OpCAS, Key: recordKey(r.session), Value: body, Index: r.index}}
+	}
 	return []Op{r.guard(), {Verb: OpLock, Key: recordKey(r.session), Value: body, Session: r.session}}
+}
+
+// recordWritten is the index at which a committed transaction wrote
+// session's record (ops and res as Store.Txn takes and returns them), or 0.
+func recordWritten(ops []Op, res []*Entry, session string) uint64 {
+	key := recordKey(session)
+	for i, op := range ops {
+		if op.Key == key && (op.Verb == OpCAS || op.Verb == OpLock) && i < len(res) && res[i] != nil {
+			return res[i].ModifyIndex
+		}
+	}
+	return 0
 }
 
 // deleteOps conditions on r and deletes it.

@@ -89,7 +89,7 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 		res, err := h.st.Txn(ctx, ops)
 		if err == nil {
 			h.b.noteRelease(ops, res)
-			next.index, next.live = res[1].ModifyIndex, true // ops 0 and 1: the record
+			next.index, next.live = recordWritten(ops, res, h.session), true
 			h.setRecord(next)
 			released = true
 			return true, nil, true
@@ -114,7 +114,7 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 }
 
 // releaseOps release the hold on st (see leaveState), and drop it from the
-// record: ops 0 and 1 write next, the record as it will be.
+// record: the first ops write next, the record as it will be.
 func (h *hold) releaseOps(st *State) (ops []Op, next *record, err error) {
 	rec := h.record()
 	next = rec.without(h.spec.Key)

@@ -70,7 +70,7 @@ func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 		if err != nil {
 			return nil, err
 		}
-		next.index, next.live = res[1].ModifyIndex, true
+		next.index, next.live = recordWritten(ops, res, seq.Session), true
 		h.setRecord(next)
 		h.mu.Lock()
 		h.value = e.Value
