@@ -133,6 +133,7 @@ func TestBenchTable(t *testing.T) {
 	lat("uncontended cycle p99 ms", &brUnc.lat, &apiUnc.lat, &flUnc.lat, 0.99, "")
 	lat(fmt.Sprintf("hand-off p50 ms (n=%d)", *tableHandoffs), &brHo.lat, &apiHo.lat, nil, 0.5, "≤1.0× api")
 	lat("hand-off p99 ms", &brHo.lat, &apiHo.lat, nil, 0.99, "")
+	lat("hand-off: Release / Unlock call alone p50 ms", &brHo.part, &apiHo.part, nil, 0.5, "")
 	for _, clients := range []int{16, 64} {
 		rs := par[clients]
 		target := ""
@@ -191,7 +192,7 @@ func TestBenchTable(t *testing.T) {
 	out.WriteString("# allocs: runtime.MemStats.Mallocs of the whole process (broker + client side for broker rows) per cycle.\n")
 	out.WriteString("# ratios: broker/anchor; for latencies lower is better, for cycles/s higher is better.\n")
 	out.WriteString(fmt.Sprintf("# hand-off: the waiter is queued (broker: after `queued`) and left %s before the holder releases;\n", handoffSettle))
-	out.WriteString("#   latency = Release/Unlock call → waiter's `acquired` / Lock returns.\n")
+	out.WriteString("#   latency = Release/Unlock call → waiter's `acquired` / Lock returns; the call-alone row is the holder's call until it returns.\n")
 	out.WriteString("# loss notice: session destroyed with a plain Consul call → `lost` on the stream / api.Lock's leaderCh closed;\n")
 	out.WriteString(fmt.Sprintf("#   first rows right after the grant (a hold's watch starts %s after its grant unless it waits), then on holds %s old.\n", "200ms", lossAge))
 	reasons := slices.Sorted(maps.Keys(e.lossReasons))
@@ -291,7 +292,9 @@ func (e *env) header(out *strings.Builder) {
 
 // run is one measured run of one implementation.
 type run struct {
-	lat       latencies
+	lat latencies
+	// part: in a hand-off, the holder's Release (Unlock) call alone.
+	part      latencies
 	n         int
 	elapsed   time.Duration
 	cpu       time.Duration
@@ -505,6 +508,7 @@ func (e *env) brokerHandoff(n int) *run {
 				fail(err, w)
 				continue
 			}
+			r.part.add(time.Since(t0))
 			resp, err := w.until(isAcquired)
 			if err != nil {
 				fail(err, w)
@@ -560,6 +564,7 @@ func (e *env) apiHandoff(n int) *run {
 			if err := holder.Unlock(); err != nil {
 				r.errs.add(err)
 			}
+			r.part.add(time.Since(t0))
 			select {
 			case err = <-got:
 			case <-time.After(opTimeout):
