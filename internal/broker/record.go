@@ -157,8 +157,8 @@ func (r *record) guard() Op {
 // entry's session, and the index check also proves the session alive (its
 // end releases or deletes the entry, which moves the index). An absent or
 // dead record is written with a guard and a lock, which checks the
-// session. The record's own write is the last op either way (see
-// recordWritten).
+// session. Either way the op count varies: recordWritten finds the
+// record's write in a committed transaction.
 func (r *record) writeOps(n *record) []Op {
 	body, _ := json.Marshal(n)
 	if r.index != 0 && r.live {
