@@ -7,8 +7,11 @@
 // A Store keeps two HTTP transports to its agent, built from one api.Config:
 // one for blocking queries (Watch), capped at Options.MaxBlocking
 // connections, and one for everything else (session renewals, transactions,
-// reads), capped at Options.MaxConns. Watch also takes one of MaxBlocking
-// slots before it asks Consul, and waits for a free one, so however many
+// reads), capped at Options.MaxConns. The second carries its calls over a
+// pool of HTTP/1.1 connections of its own (connPool: no goroutines per
+// connection) unless the config needs a proxy or a custom TLS dialer.
+// Watch also takes one of MaxBlocking slots before it asks Consul, and
+// waits for a free one, so however many
 // keys the broker watches, a burst of watches can never take the
 // connections a renewal needs. With the defaults (32 + 64) one replica stays
 // under 100 connections: two replicas on one host fit under Consul's
@@ -125,6 +128,8 @@ type Store struct {
 	txn *txnEndpoint
 	// transports are closed by Close (nil for a Store built by New).
 	transports []*http.Transport
+	// pool carries c's calls when it can (see connPool); nil otherwise.
+	pool *connPool
 	// secrets are redacted from every error text.
 	secrets []string
 
@@ -152,17 +157,18 @@ func Open(cfg *api.Config, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, tr, txn, err := newClient(*cfg, opts.MaxConns)
+	c, tr, pool, txn, err := newClient(*cfg, opts.MaxConns, true)
 	if err != nil {
 		return nil, err
 	}
-	bc, btr, _, err := newClient(*cfg, opts.MaxBlocking)
+	bc, btr, _, _, err := newClient(*cfg, opts.MaxBlocking, false)
 	if err != nil {
 		tr.CloseIdleConnections()
 		return nil, err
 	}
 	s := newStore(c, bc, opts)
 	s.transports = []*http.Transport{tr, btr}
+	s.pool = pool
 	s.txn = txn
 	s.secrets = secretsOf(cfg, txn.token())
 	return s, nil
@@ -177,6 +183,9 @@ func newStore(c, blockingC *api.Client, opts Options) *Store {
 func (s *Store) Close() {
 	for _, tr := range s.transports {
 		tr.CloseIdleConnections()
+	}
+	if s.pool != nil {
+		s.pool.CloseIdleConnections()
 	}
 }
 

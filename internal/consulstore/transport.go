@@ -13,12 +13,15 @@ import (
 // transaction endpoint (with the token it sends). api.NewClient fills cfg from the environment (token, TLS
 // files) and sets the transport's TLS config from cfg.TLSConfig unless the
 // transport already has one, so both clients of a Store get the same TLS.
-func newClient(cfg api.Config, maxConns int) (*api.Client, *http.Transport, *txnEndpoint, error) {
+// With pooled, the client's calls go over a connPool built from that
+// transport's settings (dialer, TLS, idle timeout) when it can serve them;
+// the pool is returned too (nil otherwise).
+func newClient(cfg api.Config, maxConns int, pooled bool) (*api.Client, *http.Transport, *connPool, *txnEndpoint, error) {
 	cfg.Transport = newTransport(cfg.Transport)
 	cfg.HttpClient = nil
 	c, err := api.NewClient(&cfg)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	// cfg.HttpClient is now the client c uses (for a unix:// address, on a
 	// transport api.NewClient made itself): limit and wrap its transport.
@@ -26,8 +29,25 @@ func newClient(cfg api.Config, maxConns int) (*api.Client, *http.Transport, *txn
 	tr.MaxConnsPerHost = maxConns
 	tr.MaxIdleConnsPerHost = maxConns
 	tr.MaxIdleConns = max(tr.MaxIdleConns, maxConns)
-	cfg.HttpClient.Transport = recorder{next: tr}
-	return c, tr, newTxnEndpoint(&cfg), nil
+	var pool *connPool
+	if pooled {
+		pool = openPool(tr, cfg.Scheme, requestHost(cfg.Address), maxConns)
+	}
+	if pool != nil {
+		cfg.HttpClient.Transport = recorder{next: pool}
+	} else {
+		cfg.HttpClient.Transport = recorder{next: tr}
+	}
+	return c, tr, pool, newTxnEndpoint(&cfg), nil
+}
+
+// requestHost is the host the api package puts in its request URLs for
+// address: "localhost" for a unix socket's path.
+func requestHost(address string) string {
+	if len(address) > 0 && address[0] == '/' {
+		return "localhost"
+	}
+	return address
 }
 
 // newTransport returns a new transport with base's settings (those of

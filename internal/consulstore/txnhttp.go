@@ -34,10 +34,7 @@ type txnEndpoint struct {
 // newTxnEndpoint follows api.Client.newRequest, request.toHTTP and
 // doRequest for PUT /v1/txn with empty QueryOptions.
 func newTxnEndpoint(cfg *api.Config) *txnEndpoint {
-	u := url.URL{Scheme: cfg.Scheme, Host: cfg.Address, Path: cfg.PathPrefix + "/v1/txn"}
-	if len(u.Host) > 0 && u.Host[0] == '/' { // a unix socket: api uses localhost
-		u.Host = "localhost"
-	}
+	u := url.URL{Scheme: cfg.Scheme, Host: requestHost(cfg.Address), Path: cfg.PathPrefix + "/v1/txn"}
 	q := url.Values{}
 	if cfg.Datacenter != "" {
 		q.Set("dc", cfg.Datacenter)
