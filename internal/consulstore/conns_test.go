@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -203,4 +204,46 @@ func TestPoolOverUnixSocket(t *testing.T) {
 	s.pool.mu.Lock()
 	assert.Len(t, s.pool.idle, 1, "one connection served every call")
 	s.pool.mu.Unlock()
+}
+
+// BenchmarkTxnTransport measures a one-op transaction on a real agent over
+// the pool and over net/http's Transport (the Store's own, which the pool
+// replaced for plain calls), with this process's CPU per call:
+//
+//	go test -run '^$' -bench TxnTransport -count 5 ./internal/consulstore/
+func BenchmarkTxnTransport(b *testing.B) {
+	agent := consultest.Start(b)
+	stores := make([]*Store, 2)
+	for i := range stores {
+		s, err := Open(agent.Config(), Options{})
+		require.NoError(b, err)
+		defer s.Close()
+		require.NotNil(b, s.pool)
+		stores[i] = s
+	}
+	stores[1].txn.hc = &http.Client{Transport: recorder{next: stores[1].transports[0]}}
+	for _, bm := range []struct {
+		name string
+		s    *Store
+	}{{"pool", stores[0]}, {"net-http", stores[1]}} {
+		b.Run(bm.name, func(b *testing.B) {
+			ops := setOp("bench/k")
+			c0 := cpuTime()
+			for b.Loop() {
+				if _, err := bm.s.Txn(context.Background(), ops); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(cpuTime()-c0)/float64(b.N)/1e3, "cpu-µs/op")
+		})
+	}
+}
+
+// cpuTime is this process's user + system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -29,7 +29,7 @@ var (
 	table          = flag.Bool("table", false, "run TestBenchTable (make bench runs it)")
 	tableCycles    = flag.Int("table.cycles", 500, "uncontended cycles per implementation")
 	tableHandoffs  = flag.Int("table.handoffs", 200, "hand-offs per implementation")
-	tableParCycles = flag.Int("table.par", 960, "cycles per implementation in each parallel row (split among the clients)")
+	tableParCycles = flag.Int("table.par", 3840, "cycles per implementation in each parallel row (split among the turns and the clients)")
 	tableSemCycles = flag.Int("table.sem", 360, "semaphore cycles per implementation")
 	tableReleases  = flag.Int("table.releases", 200, "stream-less TryAcquire + Release samples")
 	tableLoss      = flag.Int("table.loss", 30, "loss-notice samples per implementation")
@@ -64,54 +64,72 @@ func TestBenchTable(t *testing.T) {
 	e.header(&out)
 
 	// Uncontended cycles on one key each.
-	apiUnc := e.sequential(*tableCycles, false, func(int) error { return apiLockCycle(e.ac, "bench/unc/api") })
 	fl := e.newFloor()
-	flUnc := e.sequential(*tableCycles, false, func(int) error {
-		t0 := time.Now()
-		if err := fl.acquire("bench/unc/floor"); err != nil {
-			return err
-		}
-		t1 := time.Now()
-		err := fl.release("bench/unc/floor")
-		e.floorAcq.add(t1.Sub(t0))
-		e.floorRel.add(time.Since(t1))
-		return err
-	})
-	brUnc := e.sequential(*tableCycles, true, func(int) error { return e.bd.cycle("bench/unc/broker", 0) })
+	unc := interleaved(*tableCycles,
+		func(n int) *run {
+			return e.sequential(n, false, func(int) error { return apiLockCycle(e.ac, "bench/unc/api") })
+		},
+		func(n int) *run {
+			return e.sequential(n, false, func(int) error {
+				t0 := time.Now()
+				if err := fl.acquire("bench/unc/floor"); err != nil {
+					return err
+				}
+				t1 := time.Now()
+				err := fl.release("bench/unc/floor")
+				e.floorAcq.add(t1.Sub(t0))
+				e.floorRel.add(time.Since(t1))
+				return err
+			})
+		},
+		func(n int) *run {
+			return e.sequential(n, true, func(int) error { return e.bd.cycle("bench/unc/broker", 0) })
+		})
+	apiUnc, flUnc, brUnc := unc[0], unc[1], unc[2]
 
 	// Hand-off.
-	apiHo := e.apiHandoff(*tableHandoffs)
-	brHo := e.brokerHandoff(*tableHandoffs)
+	ho := interleaved(*tableHandoffs, e.apiHandoff, e.brokerHandoff)
+	apiHo, brHo := ho[0], ho[1]
 
 	// Parallel clients on distinct keys.
 	par := map[int][3]*run{}
 	for _, clients := range []int{16, 64} {
-		per := max(*tableParCycles/clients, 1)
-		var rs [3]*run
-		rs[0] = e.parallel(clients, per, false, func(c int) (func() error, func()) {
-			key := fmt.Sprintf("bench/par%d/api/%d", clients, c)
-			return func() error { return apiLockCycle(e.ac, key) }, func() {}
-		})
-		rs[1] = e.parallel(clients, per, false, func(c int) (func() error, func()) {
-			key := fmt.Sprintf("bench/par%d/floor/%d", clients, c)
-			f := e.newFloor()
-			return func() error { return f.cycle(key) }, func() { f.close(e.ac) }
-		})
-		rs[2] = e.parallel(clients, per, true, func(c int) (func() error, func()) {
-			key := fmt.Sprintf("bench/par%d/broker/%d", clients, c)
-			return func() error { return e.bd.cycle(key, 0) }, func() {}
-		})
-		par[clients] = rs
+		// interleaved splits the total into turns; each turn splits its
+		// share among the clients.
+		turn := func(broker bool, mk func(c int) (func() error, func())) func(n int) *run {
+			return func(n int) *run { return e.parallel(clients, max(n/clients, 1), broker, mk) }
+		}
+		rs := interleaved(*tableParCycles,
+			turn(false, func(c int) (func() error, func()) {
+				key := fmt.Sprintf("bench/par%d/api/%d", clients, c)
+				return func() error { return apiLockCycle(e.ac, key) }, func() {}
+			}),
+			turn(false, func(c int) (func() error, func()) {
+				key := fmt.Sprintf("bench/par%d/floor/%d", clients, c)
+				f := e.newFloor()
+				return func() error { return f.cycle(key) }, func() { f.close(e.ac) }
+			}),
+			turn(true, func(c int) (func() error, func()) {
+				key := fmt.Sprintf("bench/par%d/broker/%d", clients, c)
+				return func() error { return e.bd.cycle(key, 0) }, func() {}
+			}))
+		par[clients] = [3]*run{rs[0], rs[1], rs[2]}
 	}
 
 	// Semaphore: limit 3, 12 clients on one prefix.
 	const semLimit, semClients = 3, 12
-	apiSem := e.shared(semClients, *tableSemCycles, false, func(int) error {
-		return apiSemaphoreCycle(e.ac, "bench/sem/api", semLimit)
-	})
-	brSem := e.shared(semClients, *tableSemCycles, true, func(int) error {
-		return e.bd.cycle("bench/sem/broker", semLimit)
-	})
+	sem := interleaved(*tableSemCycles,
+		func(n int) *run {
+			return e.shared(semClients, n, false, func(int) error {
+				return apiSemaphoreCycle(e.ac, "bench/sem/api", semLimit)
+			})
+		},
+		func(n int) *run {
+			return e.shared(semClients, n, true, func(int) error {
+				return e.bd.cycle("bench/sem/broker", semLimit)
+			})
+		})
+	apiSem, brSem := sem[0], sem[1]
 
 	// Stream-less TryAcquire + Release with a client-owned session.
 	try, rel := e.streamless(*tableReleases)
@@ -288,6 +306,8 @@ func (e *env) header(out *strings.Builder) {
 	out.WriteString("# consul api: api.Lock / api.Semaphore as users write them: LockOpts/SemaphoreOpts{SessionTTL: 15s} per cycle (a fresh\n")
 	out.WriteString("#   session each time, default lock-delay), Lock/Acquire then Unlock/Release; one api.Client, pooled transport (128 idle/host).\n")
 	out.WriteString("# floor: KV acquire + KV release with one session kept across cycles (two Raft writes).\n")
+	fmt.Fprintf(out, "# every row but stream-less and loss notice: each implementation measured in %d turns of n/%d, in alternating order\n", turns, turns)
+	out.WriteString("#   (A B C, C B A, ...), so that a change of the machine's speed during the row weighs on all alike; turns merged.\n")
 }
 
 // run is one measured run of one implementation.
@@ -302,6 +322,46 @@ type run struct {
 	allocs    uint64
 	calls     map[string]uint64
 	errs      errorLog
+}
+
+// turns is how many turns interleaved gives each implementation of a row.
+const turns = 4
+
+// interleaved measures the implementations of one row in turns, n cycles
+// each in all, in the order A B C, C B A, A B C, C B A: a change of the
+// machine's speed during the row (this machine is shared) then weighs on
+// every implementation alike instead of on whichever ran last. It returns
+// each implementation's turns merged into one run.
+func interleaved(n int, impls ...func(n int) *run) []*run {
+	out := make([]*run, len(impls))
+	for i := range out {
+		out[i] = &run{calls: map[string]uint64{}}
+	}
+	per := max(n/turns, 1)
+	for t := range turns {
+		for j := range impls {
+			if t%2 == 1 {
+				j = len(impls) - 1 - j
+			}
+			out[j].merge(impls[j](per))
+		}
+	}
+	return out
+}
+
+// merge adds o's samples, counts and costs to r.
+func (r *run) merge(o *run) {
+	r.lat.merge(&o.lat)
+	r.part.merge(&o.part)
+	r.n += o.n
+	r.elapsed += o.elapsed
+	r.cpu += o.cpu
+	r.consulCPU += o.consulCPU
+	r.allocs += o.allocs
+	for k, v := range o.calls {
+		r.calls[k] += v
+	}
+	r.errs.merge(&o.errs)
 }
 
 func (r *run) rate() float64 {

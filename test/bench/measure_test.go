@@ -32,6 +32,16 @@ func (l *latencies) add(d time.Duration) {
 	l.mu.Unlock()
 }
 
+// merge adds o's samples to l.
+func (l *latencies) merge(o *latencies) {
+	o.mu.Lock()
+	d := slices.Clone(o.d)
+	o.mu.Unlock()
+	l.mu.Lock()
+	l.d = append(l.d, d...)
+	l.mu.Unlock()
+}
+
 func (l *latencies) len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -74,6 +84,21 @@ func (e *errorLog) add(err error) {
 	msg := err.Error()
 	if len(e.first) < 3 && !slices.Contains(e.first, msg) {
 		e.first = append(e.first, msg)
+	}
+}
+
+// merge adds o's errors to e.
+func (e *errorLog) merge(o *errorLog) {
+	o.mu.Lock()
+	n, first := o.n, slices.Clone(o.first)
+	o.mu.Unlock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.n += n
+	for _, msg := range first {
+		if len(e.first) < 3 && !slices.Contains(e.first, msg) {
+			e.first = append(e.first, msg)
+		}
 	}
 }
 
