@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 )
@@ -240,12 +241,28 @@ func (p *connPool) takeIdle() *poolConn {
 	return nil
 }
 
-// putIdle keeps pc for the next request.
+// putIdle keeps pc for the next request, and closes the connections idle
+// longer than the idle timeout: the oldest, at the front (a burst's extra
+// connections are not kept for good by a steady load that reuses the most
+// recent one).
 func (p *connPool) putIdle(pc *poolConn) {
-	pc.idleSince = time.Now()
+	now := time.Now()
+	pc.idleSince = now
+	var expired []*poolConn
 	p.mu.Lock()
+	n := 0
+	for n < len(p.idle) && p.idleTimeout > 0 && now.Sub(p.idle[n].idleSince) > p.idleTimeout {
+		n++
+	}
+	if n > 0 {
+		expired = slices.Clone(p.idle[:n])
+		p.idle = slices.Delete(p.idle, 0, n)
+	}
 	p.idle = append(p.idle, pc)
 	p.mu.Unlock()
+	for _, old := range expired {
+		_ = old.nc.Close()
+	}
 }
 
 // CloseIdleConnections closes the idle connections; those in use close

@@ -55,12 +55,16 @@ func (c *countedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// openCounted opens a Store on agent whose plain calls dial through d.
-func openCounted(t *testing.T, agent *consultest.Agent, d *dialCounter, opts Options) *Store {
+// openCounted opens a Store on agent whose plain calls dial through d;
+// idle is the transport's IdleConnTimeout (0: the default).
+func openCounted(t *testing.T, agent *consultest.Agent, d *dialCounter, opts Options, idle time.Duration) *Store {
 	t.Helper()
 	cfg := agent.Config()
 	cfg.Transport = newTransport(nil)
 	cfg.Transport.DialContext = d.dial
+	if idle > 0 {
+		cfg.Transport.IdleConnTimeout = idle
+	}
 	s := openConfig(t, cfg, opts)
 	require.NotNil(t, s.pool, "plain calls go over the pool")
 	return s
@@ -78,7 +82,7 @@ func TestPoolReusesAndCapsConnections(t *testing.T) {
 	t.Parallel()
 	agent := consultest.Start(t)
 	var d dialCounter
-	s := openCounted(t, agent, &d, Options{MaxConns: 2})
+	s := openCounted(t, agent, &d, Options{MaxConns: 2}, 0)
 	for i := range 20 {
 		_, err := s.Txn(t.Context(), setOp(fmt.Sprintf("pool/%d", i)))
 		require.NoError(t, err)
@@ -108,6 +112,37 @@ func TestPoolReusesAndCapsConnections(t *testing.T) {
 	assert.LessOrEqual(t, d.dials.Load(), int64(2))
 }
 
+// TestPoolClosesIdleConnections proves that connections a burst opened are
+// closed once idle longer than the transport's IdleConnTimeout, while a
+// steady trickle of calls keeps reusing the most recent one.
+func TestPoolClosesIdleConnections(t *testing.T) {
+	t.Parallel()
+	agent := consultest.Start(t)
+	var d dialCounter
+	const idle = 300 * time.Millisecond
+	s := openCounted(t, agent, &d, Options{MaxConns: 4}, idle)
+	_, err := s.Txn(t.Context(), setOp("idle/k"))
+	require.NoError(t, err)
+	_, meta, err := s.c.KV().Get("idle/k", nil)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			q := (&api.QueryOptions{WaitIndex: meta.LastIndex, WaitTime: 100 * time.Millisecond}).WithContext(t.Context())
+			_, _, err := s.c.KV().Get("idle/k", q)
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int64(4), d.open.Load(), "the burst opened every connection allowed")
+	for end := time.Now().Add(3 * idle); time.Now().Before(end); time.Sleep(idle / 6) {
+		_, err := s.Txn(t.Context(), setOp("idle/k"))
+		require.NoError(t, err)
+	}
+	assert.Equal(t, int64(1), d.open.Load(), "the burst's idle connections were closed")
+	assert.Equal(t, int64(4), d.dials.Load(), "the trickle kept reusing one")
+}
+
 // TestPoolCallEndedByContext proves that a call its context ends returns
 // at once with that error, that its connection is closed rather than kept
 // (an answer may still be on its way), and that its slot is free again.
@@ -115,7 +150,7 @@ func TestPoolCallEndedByContext(t *testing.T) {
 	t.Parallel()
 	agent := consultest.Start(t)
 	var d dialCounter
-	s := openCounted(t, agent, &d, Options{MaxConns: 1})
+	s := openCounted(t, agent, &d, Options{MaxConns: 1}, 0)
 	_, err := s.Txn(t.Context(), setOp("cancel/k"))
 	require.NoError(t, err)
 	_, meta, err := s.c.KV().Get("cancel/k", nil)
@@ -141,7 +176,7 @@ func TestPoolDropsConnectionTheAgentClosed(t *testing.T) {
 	t.Parallel()
 	agent := consultest.Start(t)
 	var d dialCounter
-	s := openCounted(t, agent, &d, Options{})
+	s := openCounted(t, agent, &d, Options{}, 0)
 	_, err := s.Txn(t.Context(), setOp("restart/k"))
 	require.NoError(t, err)
 	agent.Restart()
