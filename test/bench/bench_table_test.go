@@ -210,7 +210,8 @@ func TestBenchTable(t *testing.T) {
 	out.WriteString("# allocs: runtime.MemStats.Mallocs of the whole process (broker + client side for broker rows) per cycle.\n")
 	out.WriteString("# ratios: broker/anchor; for latencies lower is better, for cycles/s higher is better.\n")
 	out.WriteString(fmt.Sprintf("# hand-off: the waiter is queued (broker: after `queued`) and left %s before the holder releases;\n", handoffSettle))
-	out.WriteString("#   latency = Release/Unlock call → waiter's `acquired` / Lock returns; the call-alone row is the holder's call until it returns.\n")
+	out.WriteString("#   latency = Release/Unlock call → waiter's `acquired` / Lock returns, each noted by the waiter's own goroutine; the\n")
+	out.WriteString("#   call-alone row is the holder's call until it returns.\n")
 	out.WriteString("# loss notice: session destroyed with a plain Consul call → `lost` on the stream / api.Lock's leaderCh closed;\n")
 	out.WriteString(fmt.Sprintf("#   first rows right after the grant (a hold's watch starts %s after its grant unless it waits), then on holds %s old.\n", "200ms", lossAge))
 	reasons := slices.Sorted(maps.Keys(e.lossReasons))
@@ -562,21 +563,30 @@ func (e *env) brokerHandoff(n int) *run {
 				fail(err, w)
 				continue
 			}
+			// The waiter reads its stream on a goroutine of its own and
+			// notes when `acquired` came, as apiHandoff's waiter notes when
+			// Lock returned: the holder's Release call may return after.
+			got := make(chan acquiredAt, 1)
+			go func() {
+				resp, err := w.until(isAcquired)
+				got <- acquiredAt{resp, time.Now(), err}
+			}()
 			time.Sleep(handoffSettle)
 			t0 := time.Now()
 			if err := e.bd.release(holder); err != nil {
-				fail(err, w)
+				fail(err, w) // ends the waiter's read too
+				<-got
 				continue
 			}
 			r.part.add(time.Since(t0))
-			resp, err := w.until(isAcquired)
-			if err != nil {
-				fail(err, w)
+			a := <-got
+			if a.err != nil {
+				fail(a.err, w)
 				continue
 			}
-			r.lat.add(time.Since(t0))
+			r.lat.add(a.at.Sub(t0))
 			r.n++
-			w.seq = resp.GetAcquired().GetSequencer()
+			w.seq = a.resp.GetAcquired().GetSequencer()
 			if _, err := holder.until(isReleased); err != nil {
 				r.errs.add(fmt.Errorf("old holder: %w", err))
 			}
@@ -588,6 +598,13 @@ func (e *env) brokerHandoff(n int) *run {
 		r.errs.add(err)
 	}
 	return r
+}
+
+// acquiredAt is a waiter's `acquired` and when its stream delivered it.
+type acquiredAt struct {
+	resp *lockbrokerv1.AcquireResponse
+	at   time.Time
+	err  error
 }
 
 // apiHandoff measures Unlock → the waiting api.Lock's Lock returning.
