@@ -27,7 +27,8 @@ import (
 // keeps what the Store needs of that Transport: its dialer and TLS config,
 // a cap on connections, idle reuse and a request's context ending the
 // call. It does not speak HTTP/2 or go through a proxy: openPool returns
-// nil for a config that needs either, and the Store keeps the Transport.
+// nil for a config that needs either (or a custom TLS dialer), and the
+// Store keeps the Transport.
 type connPool struct {
 	scheme, host string // the only scheme and host it serves
 	addr         string // host:port to dial
@@ -53,7 +54,9 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // openPool returns a pool that serves tr's requests to scheme://host, or
 // nil if tr's settings need what the pool does not do (a proxy for that
-// address, a custom TLS dialer).
+// address, a custom TLS dialer). The pool keeps connections even if tr
+// has keep-alives off: api.NewClient turns them off for a unix:// address
+// (cleanhttp's non-pooled transport), where reuse is as safe as over TCP.
 func openPool(tr *http.Transport, scheme, host string, max int) *connPool {
 	//lint:ignore SA1019 net/http still honours DialTLS: a transport with one is left to it
 	if scheme != "http" && scheme != "https" || max <= 0 || tr.DialTLSContext != nil || tr.DialTLS != nil {

@@ -2,9 +2,11 @@ package consulstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -189,6 +191,38 @@ func TestPoolDropsConnectionTheAgentClosed(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), d.dials.Load())
 	assert.Equal(t, int64(1), d.open.Load(), "the dead connection was closed")
+}
+
+// TestOpenPoolFallsBack checks which transports the pool leaves to
+// net/http: those with a proxy for the agent's address or a custom TLS
+// dialer, and schemes other than http and https. Keep-alives off (as
+// api.NewClient sets for a unix socket) do not stop it.
+func TestOpenPoolFallsBack(t *testing.T) {
+	t.Parallel()
+	proxied := newTransport(nil)
+	proxied.Proxy = func(*http.Request) (*url.URL, error) { return url.Parse("http://proxy.example:3128") }
+	tlsDialer := newTransport(nil)
+	tlsDialer.DialTLSContext = func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("unused") }
+	noKeepAlive := newTransport(nil)
+	noKeepAlive.DisableKeepAlives = true
+	tests := []struct {
+		name   string
+		tr     *http.Transport
+		scheme string
+		pooled bool
+	}{
+		{"plain http", newTransport(nil), "http", true},
+		{"https", newTransport(nil), "https", true},
+		{"proxy", proxied, "http", false},
+		{"custom TLS dialer", tlsDialer, "https", false},
+		{"keep-alives off", noKeepAlive, "http", true},
+		{"other scheme", newTransport(nil), "ftp", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.pooled, openPool(tt.tr, tt.scheme, "127.0.0.1:8500", 4) != nil)
+		})
+	}
 }
 
 // TestStillOpen checks the idle probe on a loopback pair: open while

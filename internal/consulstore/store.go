@@ -11,11 +11,10 @@
 // pool of HTTP/1.1 connections of its own (connPool: no goroutines per
 // connection) unless the config needs a proxy or a custom TLS dialer.
 // Watch also takes one of MaxBlocking slots before it asks Consul, and
-// waits for a free one, so however many
-// keys the broker watches, a burst of watches can never take the
-// connections a renewal needs. With the defaults (32 + 64) one replica stays
-// under 100 connections: two replicas on one host fit under Consul's
-// default http_max_conns_per_client of 200.
+// waits for a free one, so however many keys the broker watches, a burst
+// of watches can never take the connections a renewal needs. With the
+// defaults (32 + 64) one replica stays under 100 connections: two replicas
+// on one host fit under Consul's default http_max_conns_per_client of 200.
 //
 // # Errors
 //
