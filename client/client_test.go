@@ -301,3 +301,39 @@ func TestLostErrorText(t *testing.T) {
 	assert.ErrorIs(t, tests[2].err, client.ErrReleased)
 	assert.NotErrorIs(t, tests[0].err, client.ErrReleased)
 }
+
+// pastDeadline is a context whose deadline has passed but whose timer has
+// not fired yet: the moment a broker's DEADLINE_EXCEEDED can arrive in.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// TestCallerEndedByDeadline: a stream's DEADLINE_EXCEEDED once the caller's
+// deadline has passed is the caller's own ending, whether or not its
+// context's timer has fired; before the deadline, or another code, it is
+// the broker's answer.
+func TestCallerEndedByDeadline(t *testing.T) {
+	deadlineErr := status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+	past := pastDeadline{context.Background()}
+	future, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	tests := []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"deadline passed, timer not fired", past, deadlineErr, true},
+		{"deadline passed, another code", past, status.Error(codes.Unavailable, "gone"), false},
+		{"deadline ahead", future, deadlineErr, false},
+		{"no deadline", context.Background(), deadlineErr, false},
+		{"context done", done, status.Error(codes.Unavailable, "gone"), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, client.CallerEnded(tt.ctx, tt.err))
+		})
+	}
+}

@@ -38,7 +38,9 @@ type Watcher struct {
 }
 
 // Err is nil while the watch runs, and after C is closed the reason: ctx's
-// error when the caller ended it, else the broker's status.
+// error when the caller ended it (context.DeadlineExceeded once its
+// deadline has passed, even if the broker's end of the stream came first),
+// else the broker's status.
 func (w *Watcher) Err() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -69,8 +71,8 @@ func (c *Client) Watch(ctx context.Context, key string, opts ...WatchOption) (*W
 	}
 	if err != nil {
 		cancel()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if callerEnded(ctx, err) {
+			return nil, endOf(ctx)
 		}
 		return nil, asStatusError(err)
 	}
@@ -80,15 +82,38 @@ func (c *Client) Watch(ctx context.Context, key string, opts ...WatchOption) (*W
 		defer close(w.done)
 		defer close(ch)
 		defer cancel()
-		err := asStatusError(c.followWatch(wctx, req, replica, stream, first, ch))
-		if ctx.Err() != nil {
-			err = ctx.Err()
+		err := c.followWatch(wctx, req, replica, stream, first, ch)
+		if callerEnded(ctx, err) {
+			err = endOf(ctx)
+		} else {
+			err = asStatusError(err)
 		}
 		w.mu.Lock()
 		w.err = err
 		w.mu.Unlock()
 	}()
 	return w, nil
+}
+
+// callerEnded says whether err ended a call because ctx did: ctx is done,
+// or err is DEADLINE_EXCEEDED and ctx's deadline has passed. The broker
+// ends a stream at the same deadline (gRPC sends it along), and its
+// DEADLINE_EXCEEDED can be read before ctx's own timer has fired.
+func callerEnded(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && status.Code(err) == codes.DeadlineExceeded && !time.Now().Before(d)
+}
+
+// endOf is ctx's error, or context.DeadlineExceeded when its deadline has
+// passed and its timer has not fired yet.
+func endOf(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
 }
 
 // openWatch opens a Watch on replica i and reads its first state.

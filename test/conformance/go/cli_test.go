@@ -39,7 +39,7 @@ func TestGoCLIContract(t *testing.T) {
 			assert.IsType(t, float64(0), m["t"])
 			lines = append(lines, m)
 		}
-		require.NoError(t, cmd.Wait())
+		require.NoError(t, cmd.Wait(), "%s %v printed %v", bin, args, lines)
 		return lines
 	}
 

@@ -201,7 +201,7 @@ func watch(c *client.Client, key string, prefix bool, d time.Duration) int {
 	}
 	w, err := c.Watch(ctx, key, opts...)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
 			return 0
 		}
 		return fail(err)
@@ -219,7 +219,7 @@ func watch(c *client.Client, key string, prefix bool, d time.Duration) int {
 		emit(map[string]any{"event": "state", "key": st.GetKey(),
 			"kind": strings.ToLower(strings.TrimPrefix(st.GetKind().String(), "LOCK_KIND_")), "limit": st.GetLimit(), "holders": holders})
 	}
-	if err := w.Err(); err != nil && ctx.Err() == nil {
+	if err := w.Err(); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 		return fail(err)
 	}
 	return 0

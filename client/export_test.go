@@ -1,0 +1,4 @@
+package client
+
+// CallerEnded exposes callerEnded to the external tests.
+var CallerEnded = callerEnded
