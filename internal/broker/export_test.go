@@ -74,5 +74,11 @@ func RecordWritten(ops []Op, res []*Entry, session string) uint64 {
 	return recordWritten(ops, res, session)
 }
 
+// FindEntry is key's entry among entries, or nil.
+func FindEntry(entries []*Entry, key string) *Entry {
+	e, _ := findEntry(entries, key)
+	return e
+}
+
 // UnlockOps are the ops that unlock key held by session.
 func UnlockOps(key, session string) []Op { return unlockOps(key, session, nil, false) }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/consulstore"
-	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
 // A parked watch (its holds all young) may be started again before its
@@ -25,15 +24,13 @@ import (
 // The hook restarts the watch exactly in that window; afterwards a change
 // made in Consul must still reach the subscriber.
 func TestParkedWatchRestartedBeforeItsLoopEnds(t *testing.T) {
-	agent := consultest.Start(t)
-	store, err := consulstore.Open(agent.Config(), consulstore.Options{WaitTime: 5 * time.Second})
-	require.NoError(t, err)
+	agent, store := startStore(t, consulstore.Options{WaitTime: 5 * time.Second})
 	core, logs := observer.New(zap.ErrorLevel)
 	b := broker.New(store, zap.New(core))
 	t.Cleanup(b.Close)
 	kv := agent.Client().KV()
 	key := "hub/park-restart"
-	_, err = kv.Put(&api.KVPair{Key: key, Value: []byte("v0")}, nil)
+	_, err := kv.Put(&api.KVPair{Key: key, Value: []byte("v0")}, nil)
 	require.NoError(t, err)
 
 	var once sync.Once

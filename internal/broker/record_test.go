@@ -11,7 +11,6 @@ import (
 
 	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/consulstore"
-	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
 // A live record is rewritten with one check-and-set that keeps its
@@ -21,21 +20,14 @@ import (
 // since they dropped the record's separate guard and the unlock's session
 // check.
 func TestRecordWriteAndUnlock(t *testing.T) {
-	agent := consultest.Start(t)
-	store, err := consulstore.Open(agent.Config(), consulstore.Options{})
-	require.NoError(t, err)
+	_, store := startStore(t, consulstore.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	get := func(key string) *broker.Entry {
 		t.Helper()
 		es, _, err := store.List(ctx, key, true)
 		require.NoError(t, err)
-		for _, e := range es {
-			if e.Key == key {
-				return e
-			}
-		}
-		return nil
+		return broker.FindEntry(es, key)
 	}
 	failedWith := func(err error, kind broker.TxnFailureKind) bool {
 		var te *broker.TxnError

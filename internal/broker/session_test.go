@@ -11,16 +11,13 @@ import (
 
 	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/consulstore"
-	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
 // A renewer renews its session every TTL/3 with a timer (no goroutine
 // waits in between), reports each new safe deadline, reports the
 // session's end once, and after Stop renews nothing more.
 func TestRenewer(t *testing.T) {
-	agent := consultest.Start(t)
-	store, err := consulstore.Open(agent.Config(), consulstore.Options{})
-	require.NoError(t, err)
+	_, store := startStore(t, consulstore.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const ttl = 10 * time.Second
