@@ -225,11 +225,7 @@ func (p *connPool) open(ctx context.Context) (*poolConn, error) {
 // closed on the way.
 func (p *connPool) takeIdle() *poolConn {
 	var stale []*poolConn
-	defer func() {
-		for _, pc := range stale {
-			_ = pc.nc.Close()
-		}
-	}()
+	defer func() { closeConns(stale) }()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for n := len(p.idle); n > 0; n = len(p.idle) {
@@ -264,9 +260,7 @@ func (p *connPool) putIdle(pc *poolConn) {
 	}
 	p.idle = append(p.idle, pc)
 	p.mu.Unlock()
-	for _, old := range expired {
-		_ = old.nc.Close()
-	}
+	closeConns(expired)
 }
 
 // CloseIdleConnections closes the idle connections; those in use close
@@ -276,7 +270,12 @@ func (p *connPool) CloseIdleConnections() {
 	idle := p.idle
 	p.idle = nil
 	p.mu.Unlock()
-	for _, pc := range idle {
+	closeConns(idle)
+}
+
+// closeConns closes conns (taken out of the pool, outside its lock).
+func closeConns(conns []*poolConn) {
+	for _, pc := range conns {
 		_ = pc.nc.Close()
 	}
 }

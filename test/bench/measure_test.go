@@ -81,7 +81,11 @@ func (e *errorLog) add(err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.n++
-	msg := err.Error()
+	e.keep(err.Error())
+}
+
+// keep adds msg to the first few distinct messages; e.mu is held.
+func (e *errorLog) keep(msg string) {
 	if len(e.first) < 3 && !slices.Contains(e.first, msg) {
 		e.first = append(e.first, msg)
 	}
@@ -96,9 +100,7 @@ func (e *errorLog) merge(o *errorLog) {
 	defer e.mu.Unlock()
 	e.n += n
 	for _, msg := range first {
-		if len(e.first) < 3 && !slices.Contains(e.first, msg) {
-			e.first = append(e.first, msg)
-		}
+		e.keep(msg)
 	}
 }
 
