@@ -160,7 +160,7 @@ func (r *record) guard() Op {
 // session. Either way the op count varies: recordWritten finds the
 // record's write in a committed transaction.
 func (r *record) writeOps(n *record) []Op {
-	body, _ := json.Marshal(n)
+	body := encodeRecord(n)
 	if r.index != 0 && r.live {
 		return []Op{{Verb: OpCAS, Key: recordKey(r.session), Value: body, Index: r.index}}
 	}
