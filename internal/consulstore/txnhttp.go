@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -122,7 +121,7 @@ func (e *txnEndpoint) do(ctx context.Context, ops []broker.Op) (bool, *txnAnswer
 		return false, nil, fmt.Errorf("Failed request: %s", buf.String())
 	}
 	var a txnAnswer
-	if err := json.Unmarshal(buf.Bytes(), &a); err != nil {
+	if err := decodeTxnAnswer(buf.Bytes(), &a); err != nil {
 		return false, nil, err
 	}
 	return resp.StatusCode == http.StatusOK, &a, nil
