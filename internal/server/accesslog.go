@@ -36,14 +36,7 @@ func (l accessLog) unary(ctx context.Context, req any, info *grpc.UnaryServerInf
 func (l accessLog) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	start := time.Now()
 	err := handler(srv, ss)
-	kind := "bidi_stream"
-	switch {
-	case !info.IsClientStream && info.IsServerStream:
-		kind = "server_stream"
-	case info.IsClientStream && !info.IsServerStream:
-		kind = "client_stream"
-	}
-	l.finish(ss.Context(), info.FullMethod, kind, start, err)
+	l.finish(ss.Context(), info.FullMethod, methodType(info.IsClientStream, info.IsServerStream), start, err)
 	return err
 }
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"buf.build/go/protovalidate"
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -117,7 +116,8 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	if err != nil {
 		return nil, fmt.Errorf("protovalidate: %w", err)
 	}
-	reg, srvMetrics := newRegistry(consul)
+	srvMetrics := newGRPCMetrics()
+	reg := newRegistry(consul, srvMetrics)
 	recoverOpt := recovery.WithRecoveryHandler(func(p any) error {
 		log.Error("panic in handler", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
@@ -138,14 +138,14 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.keepaliveTime, Timeout: o.keepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinClientInterval, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(
-			srvMetrics.UnaryServerInterceptor(),
+			srvMetrics.unary,
 			accessLog.unary,
 			recovery.UnaryServerInterceptor(recoverOpt),
 			acc.unary, // who calls, for which tenant, may it, quotas (forgets a refused request's decode error)
 			val.unary, // it must see every request the codec decoded and access let in
 		),
 		grpc.ChainStreamInterceptor(
-			srvMetrics.StreamServerInterceptor(),
+			srvMetrics.stream,
 			accessLog.stream,
 			recovery.StreamServerInterceptor(recoverOpt),
 			acc.stream,
@@ -162,7 +162,7 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
 	reflection.Register(g)
-	srvMetrics.InitializeMetrics(g)
+	srvMetrics.init(g)
 	s := &Server{GRPC: g, Health: hs, Metrics: reg, consul: consul, log: log, access: acc}
 	s.setServing(false)
 	return s, nil
@@ -251,10 +251,10 @@ func (s *Server) HTTPHandler() http.Handler {
 
 // newRegistry is the server's metrics registry: gRPC server metrics, Go
 // and process collectors, and Consul's (blocking queries, calls).
-func newRegistry(consul Consul) (*prometheus.Registry, *grpcprom.ServerMetrics) {
+func newRegistry(consul Consul, grpcMetrics *grpcMetrics) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	srvMetrics := grpcprom.NewServerMetrics()
-	reg.MustRegister(srvMetrics,
+	reg.MustRegister(grpcMetrics.collectors()...)
+	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -263,5 +263,5 @@ func newRegistry(consul Consul) (*prometheus.Registry, *grpcprom.ServerMetrics) 
 		}, func() float64 { return float64(consul.OpenBlockingQueries()) }),
 		consul.Collector(),
 	)
-	return reg, srvMetrics
+	return reg
 }
