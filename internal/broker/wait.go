@@ -72,6 +72,13 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		}
 		w.offer()
 		next, err := w.sleep(ctx, st, delayLeft, timeout, failed)
+		if err == nil && next != st && h.staleFree(next) {
+			// Read with the slot still offered: a release here meanwhile
+			// hands the lock over all the same.
+			if next, err = h.b.readState(ctx, h.spec.Key); err == nil {
+				w.fresh = true
+			}
+		}
 		if seq := w.withdraw(); seq != nil {
 			granted = true // a releaser of this replica handed the lock over
 			return seq, nil
@@ -118,6 +125,17 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 	return st, nil
 }
 
+// staleFree says whether st, a lock's state from the shared watch, shows
+// the key free while a hold of this replica holds it: the watch has not
+// caught up with the grant yet (it can lag a grant by a listing or more).
+// An attempt on it is a transaction bound to fail; a consistent read
+// tells more for the same wait. A key that is free for sure (the local
+// holder lost it and does not know yet) shows free in that read too, and
+// the waiter then attempts on it.
+func (h *hold) staleFree(st *State) bool {
+	return !h.sem && (st == nil || len(st.Holders) == 0) && h.sub.heldNextDoor()
+}
+
 // first is the state of the first attempt. A lock tries at once on what
 // the shared watch knows (nil when it knows nothing yet: the attempt then
 // assumes the key absent); its transaction checks that state, so a stale
@@ -130,7 +148,7 @@ func (h *hold) first(ctx context.Context) (*State, error) {
 		if st == nil {
 			st = h.b.hub.knownState(h.spec.Key)
 		}
-		if st == nil && h.sub.heldNextDoor() {
+		if h.staleFree(st) {
 			// Busy for sure: a read, not a transaction bound to fail.
 			return h.b.readState(ctx, h.spec.Key)
 		}

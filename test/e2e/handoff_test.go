@@ -107,6 +107,38 @@ func TestHandOffIsOneTransaction(t *testing.T) {
 	assert.LessOrEqual(t, writes, uint64(2*n+2), "one write per hand-off plus one per old holder's clean-up")
 }
 
+// A release that comes right after the waiter's `queued` still hands the
+// lock over in one transaction: the waiter offers its slot before the
+// broker sends `queued`. (A waiter behind a hold of this replica makes no
+// transaction of its own even when the key's watch is parked on a stale
+// listing: TestWaiterBehindLocalHoldSkipsStaleFreeListing.)
+func TestHandOffRightAfterQueued(t *testing.T) {
+	agent := consultest.Start(t)
+	r := brokertest.Start(t, agent)
+	c := r.Locks(t)
+	key := "handoff/right-after-queued"
+	holder := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+	cur := holder.acquired(5 * time.Second).GetSequencer()
+	const n = 30
+	before := r.Store.OpCounts()["kv_txn_write"]
+	for i := range n {
+		w := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+		w.next(5*time.Second, isQueued)
+		_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: cur.GetSessionId(), Token: cur.GetToken()})
+		require.NoError(t, err)
+		got := w.acquired(5 * time.Second).GetSequencer()
+		holder.next(5*time.Second, lkIsReleased)
+		require.NoError(t, ignoreEOF(holder.end(5*time.Second)))
+		assert.Greater(t, got.GetToken(), cur.GetToken(), "hand-off %d: the token grows", i)
+		holder, cur = w, got
+	}
+	writes := r.Store.OpCounts()["kv_txn_write"] - before
+	t.Logf("%d hand-offs right after `queued`, %d write transactions", n, writes)
+	// One per hand-off and one per old holder's clean-up; the slow way
+	// (a release, then the waiter's own attempt) is one more each time.
+	assert.LessOrEqual(t, writes, uint64(2*n+2))
+}
+
 // Waiters that go away while the lock is handed over never leave it held
 // by nobody's stream, and never let two holders at once: many rounds of a
 // release racing a waiter's cancel, checked in Consul.
