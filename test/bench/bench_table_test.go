@@ -33,6 +33,11 @@ var (
 	tableSemCycles = flag.Int("table.sem", 360, "semaphore cycles per implementation")
 	tableReleases  = flag.Int("table.releases", 200, "stream-less TryAcquire + Release samples")
 	tableLoss      = flag.Int("table.loss", 30, "loss-notice samples per implementation")
+	// handoffSettle is how long a hand-off waiter is left queued before the
+	// holder releases, for the broker and api.Lock alike (api.Lock cannot
+	// say when it is waiting). The processes are idle that long: each
+	// hand-off starts cold.
+	handoffSettle = flag.Duration("table.settle", 20*time.Millisecond, "how long a hand-off waiter is left queued before the release")
 )
 
 // reproduce is the command make bench runs.
@@ -41,11 +46,6 @@ const reproduce = `go test -count=1 -timeout 30m -run 'TestBenchTable|TestScale'
 // lossAge is how old a hold is in the second loss-notice rows (its watch
 // runs by then).
 const lossAge = 500 * time.Millisecond
-
-// handoffSettle is how long a hand-off waiter is left queued before the
-// holder releases, for the broker and api.Lock alike (api.Lock cannot say
-// when it is waiting).
-const handoffSettle = 20 * time.Millisecond
 
 // maxRowErrors ends a row early: a broken path should not take the run's
 // whole time budget.
@@ -209,7 +209,7 @@ func TestBenchTable(t *testing.T) {
 	out.WriteString("#   for anchor rows. CPU (agent): utime+stime of the consul agent process (/proc/<pid>/stat, 10 ms ticks).\n")
 	out.WriteString("# allocs: runtime.MemStats.Mallocs of the whole process (broker + client side for broker rows) per cycle.\n")
 	out.WriteString("# ratios: broker/anchor; for latencies lower is better, for cycles/s higher is better.\n")
-	out.WriteString(fmt.Sprintf("# hand-off: the waiter is queued (broker: after `queued`) and left %s before the holder releases;\n", handoffSettle))
+	out.WriteString(fmt.Sprintf("# hand-off: the waiter is queued (broker: after `queued`) and left %s before the holder releases;\n", *handoffSettle))
 	out.WriteString("#   latency = Release/Unlock call → waiter's `acquired` / Lock returns, each noted by the waiter's own goroutine; the\n")
 	out.WriteString("#   call-alone row is the holder's call until it returns.\n")
 	out.WriteString("# loss notice: session destroyed with a plain Consul call → `lost` on the stream / api.Lock's leaderCh closed;\n")
@@ -571,7 +571,7 @@ func (e *env) brokerHandoff(n int) *run {
 				resp, err := w.until(isAcquired)
 				got <- acquiredAt{resp, time.Now(), err}
 			}()
-			time.Sleep(handoffSettle)
+			time.Sleep(*handoffSettle)
 			t0 := time.Now()
 			if err := e.bd.release(holder); err != nil {
 				fail(err, w) // ends the waiter's read too
@@ -636,7 +636,7 @@ func (e *env) apiHandoff(n int) *run {
 				at = time.Now()
 				got <- err
 			}()
-			time.Sleep(handoffSettle)
+			time.Sleep(*handoffSettle)
 			t0 := time.Now()
 			if err := holder.Unlock(); err != nil {
 				r.errs.add(err)
