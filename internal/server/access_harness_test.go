@@ -177,7 +177,14 @@ func (s *secure) consulCalls(t *testing.T, ops ...string) float64 {
 // tenantMetric reads one of the per-tenant metrics.
 func (s *secure) tenantMetric(t *testing.T, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := s.srv.Metrics.Gather()
+	return metricValue(t, s.srv, name, labels...)
+}
+
+// metricValue is the value of the first series of metric name that has
+// the given label pairs, from srv's registry; -1 when there is none.
+func metricValue(t *testing.T, srv *Server, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := srv.Metrics.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
 		if mf.GetName() != name {

@@ -20,15 +20,14 @@ import (
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
-// TestAccessLogQuietWhenOK checks that at the default info level a
-// successful call writes no log line and a refused one writes one.
-func TestAccessLogQuietWhenOK(t *testing.T) {
+// startPlain runs a single-tenant server without TLS on a real agent, and
+// dials it.
+func startPlain(t *testing.T, log *zap.Logger) (*Server, *grpc.ClientConn) {
+	t.Helper()
 	agent := consultest.Start(t)
 	store, err := consulstore.Open(agent.Config(), consulstore.Options{})
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
-	core, logs := observer.New(zapcore.InfoLevel)
-	log := zap.New(core)
 	b := broker.New(store, log)
 	srv, err := New(b, store, log)
 	require.NoError(t, err)
@@ -40,18 +39,26 @@ func TestAccessLogQuietWhenOK(t *testing.T) {
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
+	return srv, conn
+}
+
+// TestAccessLogQuietWhenOK checks that at the default info level a
+// successful call writes no log line and a refused one writes one.
+func TestAccessLogQuietWhenOK(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	_, conn := startPlain(t, zap.New(core))
 	locks := lockbrokerv1.NewLockServiceClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
 	finished := func() []observer.LoggedEntry { return logs.FilterMessage("finished call").All() }
 	for range 3 {
-		_, err = locks.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "accesslog/ok"})
+		_, err := locks.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "accesslog/ok"})
 		require.NoError(t, err)
 	}
 	assert.Empty(t, finished(), "no line per successful call at info")
 
-	_, err = locks.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "a//b"})
+	_, err := locks.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "a//b"})
 	require.Error(t, err)
 	require.Eventually(t, func() bool { return len(finished()) == 1 }, 5*time.Second, 10*time.Millisecond)
 	e := finished()[0]

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -11,13 +10,9 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
-	"github.com/lockbroker/lockbroker/internal/broker"
-	"github.com/lockbroker/lockbroker/internal/consulstore"
-	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
 // TestGRPCMetrics checks the four grpc_server_* counters the way
@@ -28,21 +23,7 @@ import (
 // fails, a stream counts what it sent and received, and each call ends in
 // handled_total under its code (a cancelled stream as Canceled).
 func TestGRPCMetrics(t *testing.T) {
-	agent := consultest.Start(t)
-	store, err := consulstore.Open(agent.Config(), consulstore.Options{})
-	require.NoError(t, err)
-	t.Cleanup(store.Close)
-	b := broker.New(store, zap.NewNop())
-	srv, err := New(b, store, zap.NewNop())
-	require.NoError(t, err)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	served := make(chan struct{})
-	go func() { defer close(served); _ = srv.GRPC.Serve(lis) }()
-	t.Cleanup(func() { srv.GRPC.Stop(); <-served; b.Close() })
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
+	srv, conn := startPlain(t, zap.NewNop())
 	locks := lockbrokerv1.NewLockServiceClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -50,27 +31,7 @@ func TestGRPCMetrics(t *testing.T) {
 	const lockSvc = "lockbroker.v1.LockService"
 	metric := func(name string, labels ...string) float64 {
 		t.Helper()
-		mfs, err := srv.Metrics.Gather()
-		require.NoError(t, err)
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-		next:
-			for _, m := range mf.GetMetric() {
-				got := map[string]string{}
-				for _, lp := range m.GetLabel() {
-					got[lp.GetName()] = lp.GetValue()
-				}
-				for i := 0; i+1 < len(labels); i += 2 {
-					if got[labels[i]] != labels[i+1] {
-						continue next
-					}
-				}
-				return m.GetCounter().GetValue()
-			}
-		}
-		return -1
+		return metricValue(t, srv, name, labels...)
 	}
 	call := func(typ, method string) []string {
 		return []string{"grpc_type", typ, "grpc_service", lockSvc, "grpc_method", method}

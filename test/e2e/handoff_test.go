@@ -75,68 +75,42 @@ func TestHandOffWakesOneWaiterInOrder(t *testing.T) {
 // Issue 12: a Release on the replica where the next waiter waits hands
 // the lock over in one transaction (unlock + the waiter's grant): with
 // the old holder's clean-up (its record deleted, one write), two writes
-// per hand-off, where release-then-acquire takes three.
+// per hand-off, where release-then-acquire takes three. The release comes
+// after the waiter has slept a while, or right after its `queued` (the
+// waiter offers its slot before the broker sends `queued`).
 func TestHandOffIsOneTransaction(t *testing.T) {
-	agent := consultest.Start(t)
-	r := brokertest.Start(t, agent)
-	c := r.Locks(t)
-	key := "handoff/one-txn"
-	holder := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
-	cur := holder.acquired(5 * time.Second).GetSequencer()
-	const n = 10
-	before := r.Store.OpCounts()["kv_txn_write"]
-	for i := range n {
-		w := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast(), Value: fmt.Appendf(nil, "w%d", i)})
-		w.next(5*time.Second, isQueued)
-		time.Sleep(20 * time.Millisecond) // the waiter sleeps, its slot offered
-		_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: cur.GetSessionId(), Token: cur.GetToken()})
-		require.NoError(t, err)
-		got := w.acquired(5 * time.Second).GetSequencer()
-		holder.next(5*time.Second, lkIsReleased)
-		require.NoError(t, ignoreEOF(holder.end(5*time.Second)), "the old holder's stream ends after its clean-up")
-		assert.Greater(t, got.GetToken(), cur.GetToken(), "hand-off %d: the token grows", i)
-		st := lkGetLock(t, c, key)
-		assert.Equal(t, got.GetSessionId(), lkHolder(t, st).GetSessionId(), "hand-off %d: Consul shows the waiter holding", i)
-		resp, err := c.CheckSequencer(lkCtx(t), &lockbrokerv1.CheckSequencerRequest{Sequencer: got})
-		require.NoError(t, err)
-		assert.True(t, resp.GetCurrent(), "hand-off %d: the handed-over grant is current (its record lists its token)", i)
-		holder, cur = w, got
+	for _, settle := range []time.Duration{20 * time.Millisecond, 0} {
+		t.Run(fmt.Sprintf("settle=%s", settle), func(t *testing.T) {
+			agent := consultest.Start(t)
+			r := brokertest.Start(t, agent)
+			c := r.Locks(t)
+			key := "handoff/one-txn"
+			holder := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+			cur := holder.acquired(5 * time.Second).GetSequencer()
+			const n = 20
+			before := r.Store.OpCounts()["kv_txn_write"]
+			for i := range n {
+				w := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast(), Value: fmt.Appendf(nil, "w%d", i)})
+				w.next(5*time.Second, isQueued)
+				time.Sleep(settle)
+				_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: cur.GetSessionId(), Token: cur.GetToken()})
+				require.NoError(t, err)
+				got := w.acquired(5 * time.Second).GetSequencer()
+				holder.next(5*time.Second, lkIsReleased)
+				require.NoError(t, ignoreEOF(holder.end(5*time.Second)), "the old holder's stream ends after its clean-up")
+				assert.Greater(t, got.GetToken(), cur.GetToken(), "hand-off %d: the token grows", i)
+				st := lkGetLock(t, c, key)
+				assert.Equal(t, got.GetSessionId(), lkHolder(t, st).GetSessionId(), "hand-off %d: Consul shows the waiter holding", i)
+				resp, err := c.CheckSequencer(lkCtx(t), &lockbrokerv1.CheckSequencerRequest{Sequencer: got})
+				require.NoError(t, err)
+				assert.True(t, resp.GetCurrent(), "hand-off %d: the handed-over grant is current (its record lists its token)", i)
+				holder, cur = w, got
+			}
+			writes := r.Store.OpCounts()["kv_txn_write"] - before
+			t.Logf("%d hand-offs, %d write transactions", n, writes)
+			assert.LessOrEqual(t, writes, uint64(2*n+2), "one write per hand-off plus one per old holder's clean-up")
+		})
 	}
-	writes := r.Store.OpCounts()["kv_txn_write"] - before
-	t.Logf("%d hand-offs, %d write transactions", n, writes)
-	assert.LessOrEqual(t, writes, uint64(2*n+2), "one write per hand-off plus one per old holder's clean-up")
-}
-
-// A release that comes right after the waiter's `queued` still hands the
-// lock over in one transaction: the waiter offers its slot before the
-// broker sends `queued`. (A waiter behind a hold of this replica makes no
-// transaction of its own even when the key's watch is parked on a stale
-// listing: TestWaiterBehindLocalHoldSkipsStaleFreeListing.)
-func TestHandOffRightAfterQueued(t *testing.T) {
-	agent := consultest.Start(t)
-	r := brokertest.Start(t, agent)
-	c := r.Locks(t)
-	key := "handoff/right-after-queued"
-	holder := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
-	cur := holder.acquired(5 * time.Second).GetSequencer()
-	const n = 30
-	before := r.Store.OpCounts()["kv_txn_write"]
-	for i := range n {
-		w := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
-		w.next(5*time.Second, isQueued)
-		_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: cur.GetSessionId(), Token: cur.GetToken()})
-		require.NoError(t, err)
-		got := w.acquired(5 * time.Second).GetSequencer()
-		holder.next(5*time.Second, lkIsReleased)
-		require.NoError(t, ignoreEOF(holder.end(5*time.Second)))
-		assert.Greater(t, got.GetToken(), cur.GetToken(), "hand-off %d: the token grows", i)
-		holder, cur = w, got
-	}
-	writes := r.Store.OpCounts()["kv_txn_write"] - before
-	t.Logf("%d hand-offs right after `queued`, %d write transactions", n, writes)
-	// One per hand-off and one per old holder's clean-up; the slow way
-	// (a release, then the waiter's own attempt) is one more each time.
-	assert.LessOrEqual(t, writes, uint64(2*n+2))
 }
 
 // Waiters that go away while the lock is handed over never leave it held
