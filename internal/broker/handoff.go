@@ -179,16 +179,16 @@ func (h *hold) handOffOnCancel() bool {
 	return h.handOff(ctx)
 }
 
-// heldNextDoor reports whether another hold of this replica holds the
-// subscriber's key now.
-func (s *sub) heldNextDoor() bool {
+// heldNextDoor is the session of another hold of this replica that holds
+// the subscriber's key, if any.
+func (s *sub) heldNextDoor() (string, bool) {
 	kw := s.kw
 	kw.mu.Lock()
 	defer kw.mu.Unlock()
 	for o := range kw.subs {
 		if o != s && o.holder != nil && o.holder.life.Phase() == PhaseHeld {
-			return true
+			return o.holder.session, true
 		}
 	}
-	return false
+	return "", false
 }

@@ -13,82 +13,148 @@ import (
 	"github.com/lockbroker/lockbroker/internal/consulstore"
 )
 
-// A waiter that arrives behind a hold of this replica while the key's
-// watch is parked on a listing from before the hold's grant (the listing
-// shows the key free: a parked watch does not read a key again for a grant
-// made here) makes no transaction: the key is busy for sure, and an
-// attempt on that listing is bound to fail. It reads the key instead,
-// queues, and the holder's release hands it the lock in one transaction.
-func TestWaiterBehindLocalHoldSkipsStaleFreeListing(t *testing.T) {
+// staleKey is a broker on a real agent with key's watch parked on its
+// first answer: a young lazy subscriber keeps it pending (a parked watch
+// does not read the key again for a grant made here) for as long as the
+// tests below need.
+type staleKey struct {
+	t     *testing.T
+	b     *broker.Broker
+	store *consulstore.Store
+	key   string
+}
+
+func newStaleKey(t *testing.T, key string) *staleKey {
 	_, store := startStore(t, consulstore.Options{WaitTime: 5 * time.Second})
 	b := broker.New(store, zap.NewNop())
 	t.Cleanup(b.Close)
-	key := "hub/stale-free"
+	return &staleKey{t: t, b: b, store: store, key: key}
+}
+
+// park starts the key's watch with a young subscriber and waits until its
+// first answer parked it.
+func (s *staleKey) park() {
 	parked := make(chan struct{}, 1)
-	t.Cleanup(broker.SetParkedHook(func(k string) {
-		if k == key {
+	s.t.Cleanup(broker.SetParkedHook(func(k string) {
+		if k == s.key {
 			select {
 			case parked <- struct{}{}:
 			default:
 			}
 		}
 	}))
-
-	// A young subscriber and a started watch: its first answer lists the
-	// key free, and it parks (its only subscriber is young) for 200 ms.
-	_, _, closeSub := b.SubscribeLazy(key)
-	t.Cleanup(closeSub)
-	b.StartWatch(key)
+	_, _, closeSub := s.b.SubscribeLazy(s.key)
+	s.t.Cleanup(closeSub)
+	s.b.StartWatch(s.key)
 	select {
 	case <-parked:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the watch never parked")
+		s.t.Fatal("the watch never parked")
 	}
+}
 
-	acquire := func() (<-chan broker.Event, context.CancelFunc) {
-		ctx, cancel := context.WithCancel(context.Background())
-		events := make(chan broker.Event, 16)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = b.Acquire(ctx, broker.AcquireSpec{Key: key, WaitForever: true}, func(e broker.Event) error {
-				events <- e
-				return nil
-			})
-		}()
-		t.Cleanup(func() { cancel(); <-done })
-		return events, cancel
-	}
-	next := func(events <-chan broker.Event, kind broker.EventKind) broker.Event {
-		t.Helper()
-		for {
-			select {
-			case e := <-events:
-				if e.Kind == kind {
-					return e
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatalf("no event %v", kind)
+// staleHold is a hold of the tests below: its events, and done is closed
+// once its Acquire returned (its clean-up made).
+type staleHold struct {
+	events <-chan broker.Event
+	done   <-chan struct{}
+}
+
+// acquire starts a hold on the key that waits for ever.
+func (s *staleKey) acquire() staleHold {
+	ctx, cancel := context.WithCancel(context.Background())
+	events := make(chan broker.Event, 16)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.b.Acquire(ctx, broker.AcquireSpec{Key: s.key, WaitForever: true}, func(e broker.Event) error {
+			events <- e
+			return nil
+		})
+	}()
+	s.t.Cleanup(func() { cancel(); <-done })
+	return staleHold{events: events, done: done}
+}
+
+// next is the next event of kind (others are skipped).
+func (s *staleKey) next(h staleHold, kind broker.EventKind) broker.Event {
+	s.t.Helper()
+	for {
+		select {
+		case e := <-h.events:
+			if e.Kind == kind {
+				return e
 			}
+		case <-time.After(5 * time.Second):
+			s.t.Fatalf("no event %v", kind)
 		}
 	}
-	holder, _ := acquire()
-	held := next(holder, broker.EventAcquired)
+}
 
-	writes := func() uint64 { return store.OpCounts()["kv_txn_write"] }
-	before := writes()
-	waiter, _ := acquire()
-	queued := next(waiter, broker.EventQueued)
-	assert.Equal(t, before, writes(), "the waiter made no transaction before it queued")
+func (s *staleKey) writes() uint64 { return s.store.OpCounts()["kv_txn_write"] }
+
+// handOff releases held's grant and checks that waiter got the lock from
+// it in one transaction (the holder's clean-up, its record and session,
+// may have come since: at most 2 writes).
+func (s *staleKey) handOff(held broker.Event, waiter staleHold) broker.Event {
+	s.t.Helper()
+	before := s.writes()
+	ok, err := s.b.Release(context.Background(), s.key, held.Sequencer.Session, held.Sequencer.Token)
+	require.NoError(s.t, err)
+	require.True(s.t, ok)
+	got := s.next(waiter, broker.EventAcquired)
+	assert.Greater(s.t, got.Sequencer.Token, held.Sequencer.Token)
+	assert.LessOrEqual(s.t, s.writes()-before, uint64(2), "a hand-off, not a release and an attempt")
+	return got
+}
+
+// A waiter that arrives behind a hold of this replica while the key's
+// watch is parked on a listing from before the hold's grant (the listing
+// shows the key free) makes no transaction: the key is busy for sure, and
+// an attempt on that listing is bound to fail. It reads the key instead,
+// queues, and the holder's release hands it the lock in one transaction.
+func TestWaiterBehindLocalHoldSkipsStaleFreeListing(t *testing.T) {
+	s := newStaleKey(t, "hub/stale-free")
+	s.park()
+	holder := s.acquire()
+	held := s.next(holder, broker.EventAcquired)
+
+	before := s.writes()
+	waiter := s.acquire()
+	queued := s.next(waiter, broker.EventQueued)
+	assert.Equal(t, before, s.writes(), "the waiter made no transaction before it queued")
 	require.Len(t, queued.State.Holders, 1, "it queued behind the holder (a consistent read), not on the parked listing")
 	assert.Equal(t, held.Sequencer.Session, queued.State.Holders[0].Session)
+	s.handOff(held, waiter)
+}
 
-	ok, err := b.Release(context.Background(), key, held.Sequencer.Session, held.Sequencer.Token)
-	require.NoError(t, err)
-	require.True(t, ok)
-	got := next(waiter, broker.EventAcquired)
-	assert.Greater(t, got.Sequencer.Token, held.Sequencer.Token)
-	// One transaction released the holder and granted the waiter; the
-	// holder's clean-up (its record, its session) may have come since.
-	assert.LessOrEqual(t, writes()-before, uint64(2), "a hand-off, not a release and an attempt")
+// The same with a parked listing that shows an earlier holder of this
+// replica, gone since: it handed the lock over here, which the parked
+// watch did not read. The next waiter queues behind the holder the key
+// has (a consistent read), not behind the gone one, and gets the lock
+// from it in one transaction.
+func TestWaiterBehindLocalHoldSkipsStaleHolderListing(t *testing.T) {
+	s := newStaleKey(t, "hub/stale-holder")
+	first := s.acquire()
+	h1 := s.next(first, broker.EventAcquired)
+	s.park() // its listing shows h1
+
+	second := s.acquire()
+	q1 := s.next(second, broker.EventQueued)
+	require.Len(t, q1.State.Holders, 1)
+	require.Equal(t, h1.Sequencer.Session, q1.State.Holders[0].Session)
+	h2 := s.handOff(h1, second)
+	select { // first's clean-up is done: the writes below are the third's
+	case <-first.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first hold did not end after its release")
+	}
+
+	before := s.writes()
+	third := s.acquire()
+	q2 := s.next(third, broker.EventQueued)
+	assert.Equal(t, before, s.writes(), "the waiter made no transaction before it queued")
+	require.Len(t, q2.State.Holders, 1)
+	assert.Equal(t, h2.Sequencer.Session, q2.State.Holders[0].Session, "queued behind the holder the key has, not the gone one the parked listing shows")
+	s.handOff(h2, third)
 }

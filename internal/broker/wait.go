@@ -67,12 +67,18 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 				continue
 			}
 		}
+		// The slot is offered before `queued` goes out: a release the
+		// client makes as soon as it sees `queued` hands the lock over.
+		w.offer()
 		if err := w.report(ctx, st, delayLeft); err != nil {
+			if seq := w.withdraw(); seq != nil {
+				granted = true // handed over meanwhile: Acquire tells the rest
+				return seq, nil
+			}
 			return nil, err
 		}
-		w.offer()
 		next, err := w.sleep(ctx, st, delayLeft, timeout, failed)
-		if err == nil && next != st && h.staleFree(next) {
+		if err == nil && next != st && h.staleListing(next) {
 			// Read with the slot still offered: a release here meanwhile
 			// hands the lock over all the same.
 			if next, err = h.b.readState(ctx, h.spec.Key); err == nil {
@@ -125,15 +131,29 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 	return st, nil
 }
 
-// staleFree says whether st, a lock's state from the shared watch, shows
-// the key free while a hold of this replica holds it: the watch has not
-// caught up with the grant yet (it can lag a grant by a listing or more).
-// An attempt on it is a transaction bound to fail; a consistent read
-// tells more for the same wait. A key that is free for sure (the local
-// holder lost it and does not know yet) shows free in that read too, and
-// the waiter then attempts on it.
-func (h *hold) staleFree(st *State) bool {
-	return !h.sem && (st == nil || len(st.Holders) == 0) && h.sub.heldNextDoor()
+// staleListing says whether st, a lock's state from the shared watch,
+// cannot be the key's state now: another hold of this replica holds the
+// key, and st does not list it (it shows the key free, or held by an
+// earlier holder that is gone). The watch has not caught up with the
+// grant yet (it can lag a grant made here by a listing or more). An
+// attempt on a free listing is a transaction bound to fail, and a waiter
+// queued on an earlier holder reports that holder and wakes when it goes;
+// a consistent read tells more for the same wait. When the local holder
+// lost the key and does not know yet, the read shows what the key has,
+// and the waiter goes on from that.
+func (h *hold) staleListing(st *State) bool {
+	if h.sem {
+		return false
+	}
+	session, ok := h.sub.heldNextDoor()
+	if !ok {
+		return false
+	}
+	if st == nil {
+		return true
+	}
+	_, listed := st.holder(session)
+	return !listed
 }
 
 // first is the state of the first attempt. A lock tries at once on what
@@ -148,8 +168,9 @@ func (h *hold) first(ctx context.Context) (*State, error) {
 		if st == nil {
 			st = h.b.hub.knownState(h.spec.Key)
 		}
-		if h.staleFree(st) {
-			// Busy for sure: a read, not a transaction bound to fail.
+		if h.staleListing(st) {
+			// Busy for sure: a read, not a transaction bound to fail
+			// nor a queue behind a holder that is gone.
 			return h.b.readState(ctx, h.spec.Key)
 		}
 		return st, nil
