@@ -77,8 +77,8 @@ const (
 // the Consul client. gRPC hands a call to the worker idle the longest, so
 // a few workers stay in cache and many do not: measured side by side
 // (test/bench, two replicas on one agent, calls alternated), 4 workers
-// took 56-60 µs off a hot Acquire+Release cycle, 86-100 µs off one after
-// an idle pause and 67-77 µs off a hand-off; 16 workers 26 µs off the hot
+// took 56-60 µs off a hot Acquire+Release cycle, 84-101 µs off one after
+// an idle pause and 47-77 µs off a hand-off; 16 workers 26 µs off the hot
 // cycle; 256 workers nothing.
 func streamWorkers() uint32 { return uint32(2 * runtime.GOMAXPROCS(0)) }
 
