@@ -76,8 +76,8 @@ const (
 // several times on its way down gRPC, the interceptors, the broker and
 // the Consul client. gRPC hands a call to the worker idle the longest, so
 // a few workers stay in cache and many do not: measured side by side
-// (two replicas on one agent in one process, calls alternated between
-// them, the bench's drivers; the harness was not kept), 4 workers
+// (test/bench TestSideBySide: two replicas on one agent in one process,
+// calls alternated between them), 4 workers
 // took 56-60 µs off a hot Acquire+Release cycle, 84-101 µs off one after
 // an idle pause and 47-77 µs off a hand-off; 16 workers 26 µs off the hot
 // cycle; 256 workers nothing.
@@ -90,6 +90,13 @@ type options struct {
 	keepaliveTime, keepaliveTimeout time.Duration
 	tenants                         *tenant.Config
 	creds                           credentials.TransportCredentials
+	workers                         uint32
+}
+
+// WithStreamWorkers sets how many stream workers run calls (0: none, every
+// call on a goroutine of its own). Default: two per P (see streamWorkers).
+func WithStreamWorkers(n uint32) Option {
+	return func(o *options) { o.workers = n }
 }
 
 // WithTenants makes the broker a shared service: every LockService,
@@ -124,7 +131,7 @@ func WithKeepalive(idle, timeout time.Duration) Option {
 // interceptors, server keepalive and its enforcement policy, the three
 // services, health and reflection.
 func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Server, error) {
-	o := options{keepaliveTime: DefaultKeepaliveTime, keepaliveTimeout: DefaultKeepaliveTimeout}
+	o := options{keepaliveTime: DefaultKeepaliveTime, keepaliveTimeout: DefaultKeepaliveTimeout, workers: streamWorkers()}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -151,7 +158,7 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	reg.MustRegister(newTenantCollector(acc))
 	serverOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(val.codec),
-		grpc.NumStreamWorkers(streamWorkers()),
+		grpc.NumStreamWorkers(o.workers),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.keepaliveTime, Timeout: o.keepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinClientInterval, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(
