@@ -70,21 +70,7 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		// The slot is offered before `queued` goes out: a release the
 		// client makes as soon as it sees `queued` hands the lock over.
 		w.offer()
-		if err := w.report(ctx, st, delayLeft); err != nil {
-			if seq := w.withdraw(); seq != nil {
-				granted = true // handed over meanwhile: Acquire tells the rest
-				return seq, nil
-			}
-			return nil, err
-		}
-		next, err := w.sleep(ctx, st, delayLeft, timeout, failed)
-		if err == nil && next != st && h.staleListing(next) {
-			// Read with the slot still offered: a release here meanwhile
-			// hands the lock over all the same.
-			if next, err = h.b.readState(ctx, h.spec.Key); err == nil {
-				w.fresh = true
-			}
-		}
+		next, err := w.queue(ctx, st, delayLeft, timeout, failed)
 		if seq := w.withdraw(); seq != nil {
 			granted = true // a releaser of this replica handed the lock over
 			return seq, nil
@@ -94,6 +80,24 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		}
 		st = next
 	}
+}
+
+// queue reports st (`queued`, see report) and sleeps until the key
+// changes; a listing that cannot be current (see staleListing) is read
+// again. The hand-off slot stays offered throughout: a release here
+// meanwhile hands the lock over all the same, and the caller's withdraw
+// takes that grant before any error.
+func (w *waiter) queue(ctx context.Context, st *State, delayLeft time.Duration, timeout <-chan time.Time, failed <-chan error) (*State, error) {
+	if err := w.report(ctx, st, delayLeft); err != nil {
+		return nil, err
+	}
+	next, err := w.sleep(ctx, st, delayLeft, timeout, failed)
+	if err == nil && next != st && w.h.staleListing(next) {
+		if next, err = w.h.b.readState(ctx, w.h.spec.Key); err == nil {
+			w.fresh = true
+		}
+	}
+	return next, err
 }
 
 // sleep waits until the key changes (the newest state is returned), the

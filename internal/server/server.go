@@ -76,11 +76,11 @@ const (
 // several times on its way down gRPC, the interceptors, the broker and
 // the Consul client. gRPC hands a call to the worker idle the longest, so
 // a few workers stay in cache and many do not: measured side by side
-// (test/bench TestSideBySide: two replicas on one agent in one process,
-// calls alternated between them), 4 workers
-// took 56-60 µs off a hot Acquire+Release cycle, 84-101 µs off one after
-// an idle pause and 47-77 µs off a hand-off; 16 workers 26 µs off the hot
-// cycle; 256 workers nothing.
+// (two replicas on one agent in one process, calls alternated between
+// them; test/bench TestSideBySide), 4 workers took 56-78 µs off a warm
+// Acquire+Release cycle, 84-113 µs off one after an idle pause and 41-77
+// µs off a hand-off; 16 workers 26 µs off the warm cycle; 256 workers
+// nothing.
 func streamWorkers() uint32 { return uint32(2 * runtime.GOMAXPROCS(0)) }
 
 // Option configures New.
