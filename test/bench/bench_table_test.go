@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
@@ -53,7 +55,10 @@ const maxRowErrors = 10
 
 // TestBenchTable prints issue 12's side-by-side table from one run: every
 // figure of the broker next to Consul's own api.Lock / api.Semaphore and
-// the raw floor, all in this process against one Consul agent. It asserts
+// the raw floor, against one Consul agent. The anchors run in this
+// process; the broker runs as the broker binary in a process of its own,
+// as it is deployed (-table.inprocess runs it in this process instead,
+// which spares it the cross-process hops to its client). It asserts
 // nothing but that the run completed.
 func TestBenchTable(t *testing.T) {
 	if !*table {
@@ -177,11 +182,15 @@ func TestBenchTable(t *testing.T) {
 
 	// Costs per cycle, by row and implementation.
 	var cost textTable
-	cost.add("cost per cycle", "cycles", "p50 ms", "p99 ms", "Consul calls", "calls by kind", "CPU s/1k (process)", "CPU s/1k (agent)", "allocs")
+	cost.add("cost per cycle", "cycles", "p50 ms", "p99 ms", "Consul calls", "calls by kind", "CPU s/1k (client)", "CPU s/1k (broker)", "CPU s/1k (agent)", "allocs")
 	costRow := func(name string, r *run) {
+		brokerCPU := "-"
+		if r.brokerCPU > 0 {
+			brokerCPU = fmt.Sprintf("%.3f", r.perCycle(r.brokerCPU.Seconds())*1000)
+		}
 		cost.add(name, strconv.Itoa(r.n), fmtMs(r.lat.p50()), fmtMs(r.lat.p99()),
 			fmt.Sprintf("%.2f", r.perCycle(float64(sumCounts(r.calls)))), perCycle(r.calls, r.n),
-			fmt.Sprintf("%.3f", r.perCycle(r.cpu.Seconds())*1000), fmt.Sprintf("%.3f", r.perCycle(r.consulCPU.Seconds())*1000),
+			fmt.Sprintf("%.3f", r.perCycle(r.cpu.Seconds())*1000), brokerCPU, fmt.Sprintf("%.3f", r.perCycle(r.consulCPU.Seconds())*1000),
 			fmt.Sprintf("%.0f", r.perCycle(float64(r.allocs))))
 	}
 	costRow("uncontended: broker", brUnc)
@@ -203,11 +212,23 @@ func TestBenchTable(t *testing.T) {
 	out.WriteString(cost.String())
 
 	// Notes and errors.
-	out.WriteString("# Consul calls: broker rows count internal/consulstore (*Store).OpCounts; anchor rows count the HTTP requests\n")
-	out.WriteString("#   of their api.Client (a counting RoundTripper), async ones included (api.Lock destroys its session after Unlock).\n")
-	out.WriteString("# CPU (process): getrusage of this test process = in-process broker + gRPC client for broker rows, the api client\n")
-	out.WriteString("#   for anchor rows. CPU (agent): utime+stime of the consul agent process (/proc/<pid>/stat, 10 ms ticks).\n")
-	out.WriteString("# allocs: runtime.MemStats.Mallocs of the whole process (broker + client side for broker rows) per cycle.\n")
+	if e.proc != nil {
+		out.WriteString("# Consul calls: broker rows count the broker's lockbroker_consul_requests_total (its /metrics); anchor rows count\n")
+	} else {
+		out.WriteString("# Consul calls: broker rows count internal/consulstore (*Store).OpCounts; anchor rows count\n")
+	}
+	out.WriteString("#   the HTTP requests of their api.Client (a counting RoundTripper), async ones included (api.Lock destroys its\n")
+	out.WriteString("#   session after Unlock).\n")
+	if e.proc != nil {
+		out.WriteString("# CPU (client): getrusage of this test process: the gRPC client for broker rows, the api client for anchor rows.\n")
+		out.WriteString("#   CPU (broker): utime+stime of the broker process; CPU (agent): of the consul agent (/proc/<pid>/stat, 10 ms ticks).\n")
+		out.WriteString("# allocs: this process's runtime.MemStats.Mallocs, plus for broker rows the broker's go_memstats_mallocs_total\n")
+		fmt.Fprintf(&out, "#   (less the %d one /metrics scrape allocates), per cycle.\n", e.proc.scrapeAllocs)
+	} else {
+		out.WriteString("# CPU (client): getrusage of this test process = in-process broker + gRPC client for broker rows, the api client\n")
+		out.WriteString("#   for anchor rows. CPU (agent): utime+stime of the consul agent process (/proc/<pid>/stat, 10 ms ticks).\n")
+		out.WriteString("# allocs: runtime.MemStats.Mallocs of the whole process (broker + client side for broker rows) per cycle.\n")
+	}
 	out.WriteString("# ratios: broker/anchor; for latencies lower is better, for cycles/s higher is better.\n")
 	out.WriteString(fmt.Sprintf("# hand-off: the waiter is queued (broker: after `queued`) and left %s before the holder releases;\n", *handoffSettle))
 	out.WriteString("#   latency = Release/Unlock call → waiter's `acquired` / Lock returns, each noted by the waiter's own goroutine; the\n")
@@ -241,10 +262,12 @@ func TestBenchTable(t *testing.T) {
 
 // env is the one agent, one replica and the clients every row shares.
 type env struct {
-	t       *testing.T
-	agent   *consultest.Agent
-	bd      brokerDriver
-	store   interface{ OpCounts() map[string]uint64 }
+	t     *testing.T
+	agent *consultest.Agent
+	bd    brokerDriver
+	store interface{ OpCounts() map[string]uint64 }
+	// proc is the broker process (nil with -table.inprocess).
+	proc    *brokerProcess
 	ac      *api.Client
 	counter *callCounter
 	// anchorTr is the anchors' transport: its idle connections are closed
@@ -263,22 +286,35 @@ func newEnv(t *testing.T) *env {
 	// client (the anchors' idle pools would otherwise push the broker into
 	// 429s); the scale run keeps the default.
 	agent := consultest.Start(t, consultest.WithHCL(`limits { http_max_conns_per_client = 1000 }`))
-	r := startBroker(t, agent)
-	conn := r.Conn(t)
-	tr := pooledTransport()
-	counter := newCallCounter(tr)
-	ac, err := anchorClient(agent.HTTPAddr(), counter)
+	e := &env{t: t, agent: agent, streamErrs: &run{}, lossReasons: map[string]int{}}
+	var conn *grpc.ClientConn
+	if *tableInProcess {
+		r := startBroker(t, agent)
+		conn, e.store = r.Conn(t), r.Store
+	} else {
+		// The broker binary as it is deployed: its session pool is on.
+		p := brokertest.StartProcess(t, agent)
+		waitPool(t, agent)
+		c, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		e.proc = newBrokerProcess(t, p.HTTPAddr, p.Pid())
+		conn, e.store = c, e.proc
+	}
+	e.bd = brokerDriver{locks: lockbrokerv1.NewLockServiceClient(conn), sessions: lockbrokerv1.NewSessionServiceClient(conn)}
+	e.anchorTr = pooledTransport()
+	e.counter = newCallCounter(e.anchorTr)
+	ac, err := anchorClient(agent.HTTPAddr(), e.counter)
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.ac = ac
 	_, port, _ := net.SplitHostPort(agent.HTTPAddr())
 	p, _ := strconv.Atoi(port)
-	return &env{
-		t: t, agent: agent, store: r.Store, ac: ac, counter: counter, anchorTr: tr, pid: agentPID(p),
-		bd:          brokerDriver{locks: lockbrokerv1.NewLockServiceClient(conn), sessions: lockbrokerv1.NewSessionServiceClient(conn)},
-		streamErrs:  &run{},
-		lossReasons: map[string]int{},
-	}
+	e.pid = agentPID(p)
+	return e
 }
 
 func (e *env) header(out *strings.Builder) {
@@ -302,8 +338,13 @@ func (e *env) header(out *strings.Builder) {
 	fmt.Fprintf(out, "# machine %s: GOMAXPROCS=%d NumCPU=%d cpu %q; load average at start %s (the machine is shared)\n",
 		host, runtime.GOMAXPROCS(0), runtime.NumCPU(), cpuModel(), loadAvg())
 	fmt.Fprintf(out, "# tree: %s\n", treeState(e.t))
-	out.WriteString("# broker: one in-process replica (internal/brokertest) on a loopback gRPC listener, raw gen/lockbroker/v1 stubs over\n")
-	out.WriteString("#   one connection; Acquire with default session options (no session field), Release with session + token, wait `released`.\n")
+	if e.proc != nil {
+		fmt.Fprintf(out, "# broker: the broker binary (cmd/broker, pid %d) in a process of its own, as deployed, on a loopback gRPC listener;\n", e.proc.pid)
+	} else {
+		out.WriteString("# broker: one in-process replica (internal/brokertest, -table.inprocess) on a loopback gRPC listener;\n")
+	}
+	out.WriteString("#   raw gen/lockbroker/v1 stubs over one connection; Acquire with default session options (no session field),\n")
+	out.WriteString("#   Release with session + token, wait `released`.\n")
 	out.WriteString("# consul api: api.Lock / api.Semaphore as users write them: LockOpts/SemaphoreOpts{SessionTTL: 15s} per cycle (a fresh\n")
 	out.WriteString("#   session each time, default lock-delay), Lock/Acquire then Unlock/Release; one api.Client, pooled transport (128 idle/host).\n")
 	out.WriteString("# floor: KV acquire + KV release with one session kept across cycles (two Raft writes).\n")
@@ -318,9 +359,10 @@ type run struct {
 	part      latencies
 	n         int
 	elapsed   time.Duration
-	cpu       time.Duration
+	cpu       time.Duration // this process: the client (and with -table.inprocess, the broker)
+	brokerCPU time.Duration // the broker process (broker rows, not -table.inprocess)
 	consulCPU time.Duration
-	allocs    uint64
+	allocs    uint64 // this process, plus the broker process's for broker rows
 	calls     map[string]uint64
 	errs      errorLog
 }
@@ -357,6 +399,7 @@ func (r *run) merge(o *run) {
 	r.n += o.n
 	r.elapsed += o.elapsed
 	r.cpu += o.cpu
+	r.brokerCPU += o.brokerCPU
 	r.consulCPU += o.consulCPU
 	r.allocs += o.allocs
 	for k, v := range o.calls {
@@ -418,12 +461,27 @@ func (e *env) measure(r *run, broker bool, body func()) {
 	e.quiet()
 	e.anchorTr.CloseIdleConnections()
 	runtime.GC()
+	proc := e.proc
+	if !broker {
+		proc = nil
+	}
+	var b0, bm0 uint64
+	var bc0 time.Duration
+	if proc != nil {
+		bm0, bc0 = proc.mallocs(), proc.cpu()
+	}
 	c0, k0, m0, calls0 := processCPU(), e.consulCPU(), mallocs(), e.calls(broker)
 	t0 := time.Now()
 	body()
 	r.elapsed = time.Since(t0)
 	r.cpu, r.consulCPU, r.allocs = processCPU()-c0, e.consulCPU()-k0, mallocs()-m0
 	r.calls = diffCounts(calls0, e.calls(broker))
+	if proc != nil {
+		r.brokerCPU = proc.cpu() - bc0
+		if b0 = proc.mallocs() - bm0; b0 > proc.scrapeAllocs {
+			r.allocs += b0 - proc.scrapeAllocs
+		}
+	}
 }
 
 // sequential runs n cycles one after another, after 20 warm-up cycles.
