@@ -465,23 +465,35 @@ func (e *env) measure(r *run, broker bool, body func()) {
 	if !broker {
 		proc = nil
 	}
-	var b0, bm0 uint64
+	// The broker's allocations are read right next to the body, so that
+	// exactly one /metrics scrape (the tail of the first, the head of the
+	// second) falls between the two reads.
+	calls0 := e.calls(broker)
+	var bm0 uint64
 	var bc0 time.Duration
 	if proc != nil {
-		bm0, bc0 = proc.mallocs(), proc.cpu()
+		var err error
+		if bm0, err = proc.mallocs(); err != nil {
+			r.errs.add(err)
+		}
+		bc0 = proc.cpu()
 	}
-	c0, k0, m0, calls0 := processCPU(), e.consulCPU(), mallocs(), e.calls(broker)
+	c0, k0, m0 := processCPU(), e.consulCPU(), mallocs()
 	t0 := time.Now()
 	body()
 	r.elapsed = time.Since(t0)
 	r.cpu, r.consulCPU, r.allocs = processCPU()-c0, e.consulCPU()-k0, mallocs()-m0
-	r.calls = diffCounts(calls0, e.calls(broker))
 	if proc != nil {
 		r.brokerCPU = proc.cpu() - bc0
-		if b0 = proc.mallocs() - bm0; b0 > proc.scrapeAllocs {
-			r.allocs += b0 - proc.scrapeAllocs
+		bm1, err := proc.mallocs()
+		switch {
+		case err != nil:
+			r.errs.add(err)
+		case bm0 != 0 && bm1-bm0 > proc.scrapeAllocs:
+			r.allocs += bm1 - bm0 - proc.scrapeAllocs
 		}
 	}
+	r.calls = diffCounts(calls0, e.calls(broker))
 }
 
 // sequential runs n cycles one after another, after 20 warm-up cycles.

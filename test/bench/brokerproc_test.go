@@ -48,7 +48,8 @@ func newBrokerProcess(t testing.TB, httpAddr string, pid int) *brokerProcess {
 }
 
 // OpCounts is the broker's lockbroker_consul_requests_total summed over
-// results, by op (as consulstore's OpCounts, which it exports).
+// results, by op (as consulstore's OpCounts, which it exports); a failed
+// scrape shows as a "scrape_error" kind in the row's calls.
 func (p *brokerProcess) OpCounts() map[string]uint64 {
 	ops, _, err := p.scrape()
 	if err != nil {
@@ -58,9 +59,9 @@ func (p *brokerProcess) OpCounts() map[string]uint64 {
 }
 
 // mallocs is the broker's go_memstats_mallocs_total.
-func (p *brokerProcess) mallocs() uint64 {
-	_, m, _ := p.scrape()
-	return m
+func (p *brokerProcess) mallocs() (uint64, error) {
+	_, m, err := p.scrape()
+	return m, err
 }
 
 // cpu is the broker process's user + system CPU time so far.
