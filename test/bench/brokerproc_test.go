@@ -1,12 +1,8 @@
 package bench
 
 import (
-	"bufio"
 	"flag"
 	"fmt"
-	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 )
@@ -19,9 +15,8 @@ var tableInProcess = flag.Bool("table.inprocess", false, "run the table's broker
 // broker binary: its Consul calls by kind and its heap allocations (from
 // its /metrics), and its CPU time (from /proc).
 type brokerProcess struct {
-	metricsURL string
-	pid        int
-	client     *http.Client
+	httpAddr string
+	pid      int
 	// scrapeAllocs is what one scrape of /metrics allocates in the
 	// broker; a measured run's allocations are taken between two scrapes
 	// and this is subtracted from them.
@@ -30,7 +25,7 @@ type brokerProcess struct {
 
 func newBrokerProcess(t testing.TB, httpAddr string, pid int) *brokerProcess {
 	t.Helper()
-	p := &brokerProcess{metricsURL: "http://" + httpAddr + "/metrics", pid: pid, client: &http.Client{Timeout: 10 * time.Second}}
+	p := &brokerProcess{httpAddr: httpAddr, pid: pid}
 	// The smallest difference of a few back-to-back scrapes is one
 	// scrape's own allocations (a GC or a background task adds to others).
 	var prev uint64
@@ -71,68 +66,21 @@ func (p *brokerProcess) cpu() time.Duration {
 }
 
 func (p *brokerProcess) scrape() (ops map[string]uint64, mallocs uint64, err error) {
-	resp, err := p.client.Get(p.metricsURL)
+	samples, err := readMetrics(p.httpAddr, 10*time.Second)
 	if err != nil {
 		return nil, 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, 0, fmt.Errorf("GET %s: %s", p.metricsURL, resp.Status)
 	}
 	ops = map[string]uint64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		name, labels, value, ok := parseSample(line)
-		if !ok {
-			continue
-		}
-		switch name {
+	for _, s := range samples {
+		switch s.name {
 		case "lockbroker_consul_requests_total":
-			ops[labelValue(labels, "op")] += uint64(value)
+			ops[labelValue(s.labels, "op")] += uint64(s.value)
 		case "go_memstats_mallocs_total":
-			mallocs = uint64(value)
+			mallocs = uint64(s.value)
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, 0, err
 	}
 	if len(ops) == 0 || mallocs == 0 {
-		return nil, 0, fmt.Errorf("GET %s: no lockbroker_consul_requests_total or go_memstats_mallocs_total", p.metricsURL)
+		return nil, 0, fmt.Errorf("http://%s/metrics: no lockbroker_consul_requests_total or go_memstats_mallocs_total", p.httpAddr)
 	}
 	return ops, mallocs, nil
-}
-
-// parseSample splits a Prometheus text-format sample line
-// (`name{labels} value`); comments and blank lines are not samples.
-func parseSample(line string) (name, labels string, value float64, ok bool) {
-	if line == "" || line[0] == '#' {
-		return "", "", 0, false
-	}
-	sp := strings.LastIndexByte(line, ' ')
-	if sp < 0 {
-		return "", "", 0, false
-	}
-	v, err := strconv.ParseFloat(line[sp+1:], 64)
-	if err != nil {
-		return "", "", 0, false
-	}
-	head := line[:sp]
-	if i := strings.IndexByte(head, '{'); i >= 0 && strings.HasSuffix(head, "}") {
-		return head[:i], head[i+1 : len(head)-1], v, true
-	}
-	return head, "", v, true
-}
-
-// labelValue is the value of label key in a sample's label set (values
-// here hold no commas or quotes).
-func labelValue(labels, key string) string {
-	for kv := range strings.SplitSeq(labels, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if ok && k == key {
-			return strings.Trim(v, `"`)
-		}
-	}
-	return ""
 }

@@ -249,24 +249,75 @@ func consulConns(pid, port int) int {
 // and the like. A failed read gives an empty map (zeros).
 func scrape(addr string) map[string]float64 {
 	out := map[string]float64{}
-	cl := http.Client{Timeout: 5 * time.Second}
-	resp, err := cl.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return out
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
-			continue
-		}
-		if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
-			out[name] = v
+	samples, _ := readMetrics(addr, 5*time.Second)
+	for _, s := range samples {
+		if s.labels == "" {
+			out[s.name] = s.value
 		}
 	}
 	return out
+}
+
+// metricSample is one sample line of a /metrics page: `name{labels} value`.
+type metricSample struct {
+	name, labels string
+	value        float64
+}
+
+// readMetrics reads every sample of a broker's /metrics (Prometheus text
+// format) at addr; comments and lines that are not samples are skipped.
+func readMetrics(addr string, timeout time.Duration) ([]metricSample, error) {
+	cl := http.Client{Timeout: timeout}
+	resp, err := cl.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET http://%s/metrics: %s", addr, resp.Status)
+	}
+	var out []metricSample
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if s, ok := parseSample(sc.Text()); ok {
+			out = append(out, s)
+		}
+	}
+	return out, sc.Err()
+}
+
+// parseSample splits a sample line; comments and blank lines are not
+// samples.
+func parseSample(line string) (metricSample, bool) {
+	if line == "" || line[0] == '#' {
+		return metricSample{}, false
+	}
+	sp := strings.LastIndexByte(line, ' ')
+	if sp < 0 {
+		return metricSample{}, false
+	}
+	v, err := strconv.ParseFloat(line[sp+1:], 64)
+	if err != nil {
+		return metricSample{}, false
+	}
+	head := line[:sp]
+	if i := strings.IndexByte(head, '{'); i >= 0 && strings.HasSuffix(head, "}") {
+		return metricSample{name: head[:i], labels: head[i+1 : len(head)-1], value: v}, true
+	}
+	return metricSample{name: head, value: v}, true
+}
+
+// labelValue is the value of label key in a sample's label set (values
+// here hold no commas or quotes).
+func labelValue(labels, key string) string {
+	for kv := range strings.SplitSeq(labels, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok && k == key {
+			return strings.Trim(v, `"`)
+		}
+	}
+	return ""
 }
 
 // loadAvg is /proc/loadavg's first three fields.
