@@ -51,7 +51,7 @@ type Broker struct {
 	grants  map[string]grantInfo // see fillTokens
 	recent  map[string]time.Time // releases this replica made, see Release
 
-	pool         *sessionPool // nil unless WithSessionPool
+	pools        *pools // nil unless WithSessionPool
 	promiseBound time.Duration
 	janitorStop  context.CancelFunc
 	janitorDone  chan struct{} // the janitor and the pool stopped
@@ -123,8 +123,8 @@ func New(store Store, log *zap.Logger, opts ...Option) *Broker {
 	var bg sync.WaitGroup
 	bg.Go(func() { b.janitor(jctx, o.janitor) })
 	if o.pool {
-		b.pool = newSessionPool(b)
-		bg.Go(func() { b.pool.run(jctx) })
+		b.pools = newPools(jctx, b)
+		bg.Go(b.pools.wait)
 	}
 	go func() { bg.Wait(); close(b.janitorDone) }()
 	return b
@@ -257,20 +257,20 @@ func (b *Broker) janitor(ctx context.Context, every time.Duration) {
 			}
 			dead = append(dead, Op{Verb: OpDeleteCAS, Key: e.Key, Index: e.ModifyIndex})
 		}
-		b.deleteRecords(ctx, dead)
+		b.deleteRecords(ctx, b.store, dead)
 	}
 }
 
 // deleteRecords runs the deletions of dead records, many per transaction
 // (a retired pool session leaves its record to this); a batch that fails
 // (a record moved) is retried one by one.
-func (b *Broker) deleteRecords(ctx context.Context, ops []Op) {
+func (b *Broker) deleteRecords(ctx context.Context, st Store, ops []Op) {
 	const batch = 64
 	for len(ops) > 0 && ctx.Err() == nil {
 		n := min(len(ops), batch)
-		if _, err := b.store.Txn(ctx, ops[:n]); err != nil && n > 1 {
+		if _, err := st.Txn(ctx, ops[:n]); err != nil && n > 1 {
 			for _, op := range ops[:n] {
-				_, _ = b.store.Txn(ctx, []Op{op})
+				_, _ = st.Txn(ctx, []Op{op})
 			}
 		}
 		ops = ops[n:]

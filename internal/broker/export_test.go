@@ -82,3 +82,11 @@ func FindEntry(entries []*Entry, key string) *Entry {
 
 // UnlockOps are the ops that unlock key held by session.
 func UnlockOps(key, session string) []Op { return unlockOps(key, session, nil, false) }
+
+// SetTenantPoolIdle sets how long a tenant's session pool lives unused,
+// for pool_test.go; the returned func restores it.
+func SetTenantPoolIdle(d time.Duration) (restore func()) {
+	old := tenantPoolIdle
+	tenantPoolIdle = d
+	return func() { tenantPoolIdle = old }
+}

@@ -120,7 +120,7 @@ func (h *hold) recycle(released bool) bool {
 		if h.ren != nil {
 			h.pooled.renewed = h.ren.lastRenewal()
 		}
-		h.b.pool.put(h.pooled)
+		h.pooled.pool.put(h.pooled)
 		return true
 	}
 	if _, listed := rec.Holds[h.spec.Key]; released && !listed {

@@ -156,8 +156,10 @@ func (h *hold) openSession(ctx context.Context) error {
 		h.rec = rec
 		return nil
 	}
-	if s.NewSession == nil && h.tenant == "" && h.b.pool != nil {
-		return h.openPooled(ctx)
+	if s.NewSession == nil && h.b.pools != nil {
+		if p := h.b.pools.forTenant(h.tenant); p != nil {
+			return h.openPooled(ctx, p)
+		}
 	}
 	spec := withDefaults(s.NewSession)
 	if err := validateSpec(spec); err != nil {
@@ -183,13 +185,13 @@ func (h *hold) openSession(ctx context.Context) error {
 // openPooled takes a ready session from the pool, or (the pool empty: more
 // holds at once than it keeps ready) makes one that joins the pool when
 // the hold ends cleanly.
-func (h *hold) openPooled(ctx context.Context) error {
-	p, again := h.b.pool.get(h.spec.Key)
+func (h *hold) openPooled(ctx context.Context, pool *sessionPool) error {
+	p, again := pool.get(h.spec.Key)
 	if p == nil {
 		cctx, cancel := cleanupContext()
 		defer cancel()
 		var err error
-		if p, err = h.b.pool.create(cctx); err != nil {
+		if p, err = pool.create(cctx); err != nil {
 			return err
 		}
 		p.used[h.spec.Key], p.uses = true, 1

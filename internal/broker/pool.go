@@ -24,6 +24,9 @@ import (
 //     works for most grants;
 //   - every grant and release writes or checks the record, whose guard
 //     fences a replica that lost the session (a resume elsewhere);
+//   - a pool serves one tenant: its sessions are made with the tenant's
+//     store, their records name the tenant, and they go to that tenant's
+//     holds only;
 //   - only sessions whose hold ended cleanly (released, or cancelled and
 //     unlocked) come back; a session that was lost, resumed, invalidated
 //     or shut down never does. Sessions retire after poolMaxUses grants.
@@ -31,27 +34,115 @@ const (
 	poolMin     = 16 // idle sessions kept ready
 	poolMaxIdle = 64 // idle sessions kept at most
 	poolMaxUses = 64 // grants per session before it retires
+
+	// A tenant's pool (a shared broker, see pools) keeps fewer sessions
+	// ready, and ends when the tenant has not asked it for one in a while
+	// (tenantPoolIdle).
+	tenantPoolMin = 4
 )
+
+var tenantPoolIdle = 2 * time.Minute // a var for tests
 
 type pooled struct {
 	id      string
+	pool    *sessionPool // the pool it comes from and goes back to
 	rec     *record
 	renewed time.Time // send time of the last successful renewal
 	used    map[string]bool
 	uses    int
 }
 
+// sessionPool keeps the sessions of one tenant ("" in single-tenant mode):
+// they are made, renewed and destroyed with the tenant's store, and their
+// records name the tenant, as a session made for one of its requests
+// would be.
 type sessionPool struct {
-	b    *Broker
-	kick chan struct{}
+	b      *Broker
+	tenant string
+	min    int           // idle sessions kept ready
+	idleTO time.Duration // 0: never ends; else ends when not asked for this long
+	kick   chan struct{}
 
-	mu   sync.Mutex
-	idle []*pooled
-	dead []Op // deletions of retired sessions' records (see flushDead)
+	mu     sync.Mutex
+	idle   []*pooled
+	dead   []Op      // deletions of retired sessions' records (see flushDead)
+	asked  time.Time // the last get
+	closed bool      // ended: put retires, get gives nothing
 }
 
-func newSessionPool(b *Broker) *sessionPool {
-	return &sessionPool{b: b, kick: make(chan struct{}, 1)}
+func newSessionPool(b *Broker, tenant string) *sessionPool {
+	p := &sessionPool{b: b, tenant: tenant, min: poolMin, kick: make(chan struct{}, 1), asked: time.Now()}
+	if tenant != "" {
+		p.min, p.idleTO = tenantPoolMin, tenantPoolIdle
+	}
+	return p
+}
+
+// store is the tenant's store, looked up at each use so that a reload of
+// the tenants file (a new Consul token) takes effect.
+func (p *sessionPool) store() Store { return p.b.storeFor(p.tenant) }
+
+// pools are a broker's session pools: the single-tenant one, made and
+// filled when the broker starts, and one per tenant of a shared broker,
+// made at the tenant's first Acquire with default options (which makes
+// its session itself, as the pool is still empty) and ended, its idle
+// sessions destroyed, once the tenant has not used it for tenantPoolIdle.
+type pools struct {
+	b   *Broker
+	ctx context.Context // the pools run until it ends
+	wg  sync.WaitGroup  // the pools' goroutines
+
+	mu     sync.Mutex
+	m      map[string]*sessionPool
+	closed bool // ctx ended: no new pool
+}
+
+func newPools(ctx context.Context, b *Broker) *pools {
+	ps := &pools{b: b, ctx: ctx, m: map[string]*sessionPool{}}
+	ps.forTenant("")
+	return ps
+}
+
+// forTenant is tenant's pool, made and started if there is none; nil once
+// the broker stops.
+func (ps *pools) forTenant(tenant string) *sessionPool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if p := ps.m[tenant]; p != nil || ps.closed {
+		return p
+	}
+	p := newSessionPool(ps.b, tenant)
+	ps.m[tenant] = p
+	ps.wg.Go(func() { p.run(ps.ctx, ps) })
+	return p
+}
+
+// end removes p if it has not been asked for a session since idleTO ago,
+// and reports whether it did; p is closed then, under both locks, so that
+// no get can take from it after.
+func (ps *pools) end(p *sessionPool) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.idleTO == 0 || time.Since(p.asked) < p.idleTO {
+		return false
+	}
+	if ps.m[p.tenant] == p {
+		delete(ps.m, p.tenant)
+	}
+	p.closed = true
+	return true
+}
+
+// wait closes the set once ctx ended and waits for every pool to destroy
+// its idle sessions.
+func (ps *pools) wait() {
+	<-ps.ctx.Done()
+	ps.mu.Lock()
+	ps.closed = true
+	ps.mu.Unlock()
+	ps.wg.Wait()
 }
 
 // get takes a ready session for key, or nil: the most recently returned
@@ -60,6 +151,10 @@ func newSessionPool(b *Broker) *sessionPool {
 func (p *sessionPool) get(key string) (s *pooled, again bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return nil, false
+	}
+	p.asked = time.Now()
 	defer p.signal()
 	limit := time.Now().Add(-DefaultTTL / 2) // renewed recently enough to hand over
 	for _, wantAgain := range []bool{false, true} {
@@ -81,7 +176,7 @@ func (p *sessionPool) get(key string) (s *pooled, again bool) {
 func (p *sessionPool) put(s *pooled) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if s.uses >= poolMaxUses || len(p.idle) >= poolMaxIdle {
+	if p.closed || s.uses >= poolMaxUses || len(p.idle) >= poolMaxIdle {
 		go p.retire(s)
 		return
 	}
@@ -95,9 +190,11 @@ func (p *sessionPool) signal() {
 	}
 }
 
-// run keeps the pool filled and its sessions renewed until ctx ends, then
-// destroys the idle ones.
-func (p *sessionPool) run(ctx context.Context) {
+// run keeps the pool filled and its sessions renewed until ctx ends (or,
+// for a tenant's pool, until ps ends it unused), then destroys the idle
+// ones. A tenant's pool fills once it was asked for a session: its first
+// one is made by the request that asked.
+func (p *sessionPool) run(ctx context.Context, ps *pools) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -109,6 +206,10 @@ func (p *sessionPool) run(ctx context.Context) {
 			return
 		case <-t.C:
 			p.flushDead()
+			if ps.end(p) {
+				p.drainIdle()
+				return
+			}
 		case <-p.kick:
 		}
 	}
@@ -118,9 +219,9 @@ func (p *sessionPool) run(ctx context.Context) {
 func (p *sessionPool) fill(ctx context.Context) {
 	for ctx.Err() == nil {
 		p.mu.Lock()
-		n := len(p.idle)
+		n, closed := len(p.idle), p.closed
 		p.mu.Unlock()
-		if n >= poolMin {
+		if n >= p.min || closed {
 			return
 		}
 		s, err := p.create(ctx)
@@ -136,15 +237,17 @@ func (p *sessionPool) fill(ctx context.Context) {
 
 // create makes a session with the default options. Its record is written
 // by its first grant, as for any new session (conditioned on there being
-// none yet).
+// none yet), and names the pool's tenant.
 func (p *sessionPool) create(ctx context.Context) (*pooled, error) {
 	spec := withDefaults(nil)
 	sent := time.Now()
-	id, err := p.b.store.CreateSession(ctx, spec)
+	id, err := p.store().CreateSession(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	return &pooled{id: id, rec: newRecord(id, p.b.id), renewed: sent, used: map[string]bool{}}, nil
+	rec := newRecord(id, p.b.id)
+	rec.Tenant = p.tenant
+	return &pooled{id: id, pool: p, rec: rec, renewed: sent, used: map[string]bool{}}, nil
 }
 
 // renew renews the idle sessions due (every TTL/3); a session Consul no
@@ -160,7 +263,7 @@ func (p *sessionPool) renew(ctx context.Context) {
 	p.mu.Unlock()
 	for _, s := range due {
 		sent := time.Now()
-		_, err := p.b.store.RenewSession(ctx, s.id)
+		_, err := p.store().RenewSession(ctx, s.id)
 		p.mu.Lock()
 		switch {
 		case err == nil:
@@ -187,11 +290,19 @@ func (p *sessionPool) removeLocked(s *pooled) {
 func (p *sessionPool) retire(s *pooled) {
 	ctx, cancel := cleanupContext()
 	defer cancel()
-	_ = p.b.store.DestroySession(ctx, s.id)
-	if ops := s.rec.deleteOps(); ops != nil {
-		p.mu.Lock()
+	_ = p.store().DestroySession(ctx, s.id)
+	ops := s.rec.deleteOps()
+	if ops == nil {
+		return
+	}
+	p.mu.Lock()
+	closed := p.closed
+	if !closed {
 		p.dead = append(p.dead, ops...)
-		p.mu.Unlock()
+	}
+	p.mu.Unlock()
+	if closed { // no flushDead to come
+		p.b.deleteRecords(ctx, p.store(), ops)
 	}
 }
 
@@ -206,15 +317,17 @@ func (p *sessionPool) flushDead() {
 	}
 	ctx, cancel := cleanupContext()
 	defer cancel()
-	p.b.deleteRecords(ctx, ops)
+	p.b.deleteRecords(ctx, p.store(), ops)
 }
 
-// drainIdle deletes the idle sessions' records (many per transaction) and
-// destroys the sessions (the broker is stopping: no janitor after it).
+// drainIdle closes the pool (a session given back later retires at once),
+// deletes the idle sessions' records (many per transaction) and destroys
+// the sessions: the broker is stopping (no janitor after it), or the
+// tenant's pool ended.
 func (p *sessionPool) drainIdle() {
 	p.mu.Lock()
 	idle := p.idle
-	p.idle = nil
+	p.idle, p.closed = nil, true
 	p.mu.Unlock()
 	ctx, cancel := cleanupContext()
 	defer cancel()
@@ -222,10 +335,11 @@ func (p *sessionPool) drainIdle() {
 	for _, s := range idle {
 		ops = append(ops, s.rec.deleteOps()...)
 	}
-	p.b.deleteRecords(ctx, ops)
+	st := p.store()
+	p.b.deleteRecords(ctx, st, ops)
 	var wg sync.WaitGroup
 	for _, s := range idle {
-		wg.Go(func() { _ = p.b.store.DestroySession(ctx, s.id) })
+		wg.Go(func() { _ = st.DestroySession(ctx, s.id) })
 	}
 	wg.Wait()
 	p.flushDead()

@@ -92,6 +92,20 @@ func TestBenchTable(t *testing.T) {
 		})
 	apiUnc, flUnc, brUnc := unc[0], unc[1], unc[2]
 
+	// The same cycle as a tenant of a shared broker, against api.Lock.
+	var apiTen, brTen *run
+	if *tableTenant {
+		te := e.tenantEnv()
+		ten := interleaved(*tableCycles,
+			func(n int) *run {
+				return e.sequential(n, false, func(int) error { return apiLockCycle(e.ac, "bench/ten/api") })
+			},
+			func(n int) *run {
+				return te.sequential(n, true, func(int) error { return te.bd.cycle("bench/ten/broker", 0) })
+			})
+		apiTen, brTen = ten[0], ten[1]
+	}
+
 	// Hand-off.
 	ho := interleaved(*tableHandoffs, e.apiHandoff, e.brokerHandoff)
 	apiHo, brHo := ho[0], ho[1]
@@ -154,6 +168,9 @@ func TestBenchTable(t *testing.T) {
 	}
 	lat(fmt.Sprintf("uncontended cycle p50 ms (n=%d)", *tableCycles), &brUnc.lat, &apiUnc.lat, &flUnc.lat, 0.5, "≤1.0× api (stretch ≤1.5× floor)")
 	lat("uncontended cycle p99 ms", &brUnc.lat, &apiUnc.lat, &flUnc.lat, 0.99, "")
+	if brTen != nil {
+		lat(fmt.Sprintf("uncontended cycle, shared broker's tenant, p50 ms (n=%d)", *tableCycles), &brTen.lat, &apiTen.lat, &flUnc.lat, 0.5, "")
+	}
 	lat(fmt.Sprintf("hand-off p50 ms (n=%d)", *tableHandoffs), &brHo.lat, &apiHo.lat, nil, 0.5, "≤1.0× api")
 	lat("hand-off p99 ms", &brHo.lat, &apiHo.lat, nil, 0.99, "")
 	lat("hand-off: Release / Unlock call alone p50 ms", &brHo.part, &apiHo.part, nil, 0.5, "")
@@ -196,6 +213,10 @@ func TestBenchTable(t *testing.T) {
 	costRow("uncontended: broker", brUnc)
 	costRow("uncontended: api.Lock", apiUnc)
 	costRow("uncontended: floor", flUnc)
+	if brTen != nil {
+		costRow("uncontended, tenant: broker", brTen)
+		costRow("uncontended, tenant: api.Lock", apiTen)
+	}
 	costRow("hand-off: broker", brHo)
 	costRow("hand-off: api.Lock", apiHo)
 	costRow("16 clients: broker", par[16][2])
@@ -246,13 +267,14 @@ func TestBenchTable(t *testing.T) {
 		r    *run
 	}{
 		{"uncontended broker", brUnc}, {"uncontended api.Lock", apiUnc}, {"uncontended floor", flUnc},
+		{"uncontended tenant broker", brTen}, {"uncontended tenant api.Lock", apiTen},
 		{"hand-off broker", brHo}, {"hand-off api.Lock", apiHo},
 		{"16 clients broker", par[16][2]}, {"16 clients api.Lock", par[16][0]}, {"16 clients floor", par[16][1]},
 		{"64 clients broker", par[64][2]}, {"64 clients api.Lock", par[64][0]}, {"64 clients floor", par[64][1]},
 		{"semaphore broker", brSem}, {"semaphore api.Semaphore", apiSem},
 		{"stream-less broker", e.streamErrs}, {"loss broker", brLoss}, {"loss broker (aged)", brLossAged}, {"loss api.Lock", apiLoss},
 	} {
-		if x.r.errs.count() > 0 {
+		if x.r != nil && x.r.errs.count() > 0 {
 			out.WriteString(fmt.Sprintf("# ERRORS %s: %s\n", x.name, x.r.errs.String()))
 		}
 	}

@@ -1,0 +1,57 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/tenant"
+)
+
+// tableTenant adds the uncontended cycle of a shared broker's tenant to
+// the table: a second broker binary with a tenants file, called with a
+// tenant's bearer token.
+var tableTenant = flag.Bool("table.tenant", true, "add the uncontended cycle of a tenant of a shared broker (a second broker binary with --tenants, called with a bearer token)")
+
+// bearer sends a tenant's bearer token with every call (over plaintext
+// loopback, as the broker allows).
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }
+
+// tenantEnv is e with its broker swapped for a second broker binary, on
+// the same agent, that serves one tenant "bench" (prefix bench/) from a
+// tenants file; its client calls as that tenant. The rows it measures
+// read that broker's Consul calls, allocations and CPU.
+func (e *env) tenantEnv() *env {
+	e.t.Helper()
+	const token = "bench-tenant-token"
+	path := filepath.Join(e.t.TempDir(), "tenants.yaml")
+	body := fmt.Sprintf("tenants:\n  - name: bench\n    identities: [%q]\n    prefixes: [\"bench/\"]\n", tenant.TokenIdentity(token))
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	p := brokertest.StartProcess(e.t, e.agent, brokertest.WithFlags("--tenants", path))
+	c, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer(token)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = c.Close() })
+	te := &env{t: e.t, agent: e.agent, ac: e.ac, counter: e.counter, anchorTr: e.anchorTr, pid: e.pid,
+		streamErrs: &run{}, lossReasons: map[string]int{}}
+	te.proc = newBrokerProcess(e.t, p.HTTPAddr, p.Pid())
+	te.store = te.proc
+	te.bd = brokerDriver{locks: lockbrokerv1.NewLockServiceClient(c), sessions: lockbrokerv1.NewSessionServiceClient(c)}
+	return te
+}
