@@ -64,8 +64,10 @@ func TestTenantSessionPools(t *testing.T) {
 
 	// Tenant b's first Acquire makes its pool; the pool fills with b's store.
 	first := used(ctxB, "b/first", 1)
-	require.Eventually(t, func() bool { return other.OpCounts()["session_create"] >= 5 }, 10*time.Second, 50*time.Millisecond,
-		"b's pool fills through b's store (its first session and 4 ready ones)")
+	// (4 or 5 sessions: the first request's session may come back
+	// before the pool's fourth is made.)
+	require.Eventually(t, func() bool { return other.OpCounts()["session_create"] >= 4 }, 10*time.Second, 50*time.Millisecond,
+		"b's pool fills through b's store (4 ready sessions)")
 	ownCreates := own.OpCounts()["session_create"]
 	fromB := used(ctxB, "b/k", 40)
 	assert.LessOrEqual(t, len(fromB), 8, "b's 40 grants reuse its pooled sessions")
