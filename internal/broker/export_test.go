@@ -90,3 +90,13 @@ func SetTenantPoolIdle(d time.Duration) (restore func()) {
 	tenantPoolIdle = d
 	return func() { tenantPoolIdle = old }
 }
+
+// HasTenantPool reports whether tenant has a session pool now.
+func (b *Broker) HasTenantPool(tenant string) bool {
+	if b.pools == nil {
+		return false
+	}
+	b.pools.mu.Lock()
+	defer b.pools.mu.Unlock()
+	return b.pools.m[tenant] != nil
+}

@@ -65,7 +65,7 @@ type sessionPool struct {
 
 	mu     sync.Mutex
 	idle   []*pooled
-	dead   []Op      // deletions of retired sessions' records (see flushDead)
+	dead   []*pooled // retired sessions, for flushDead
 	asked  time.Time // the last get
 	closed bool      // ended: put retires, get gives nothing
 }
@@ -284,63 +284,55 @@ func (p *sessionPool) removeLocked(s *pooled) {
 	}
 }
 
-// retire destroys a session. Its record is deleted later with others,
-// many per transaction (flushDead): one write per retired session, not
-// two.
+// retire takes a session out of service: flushDead deletes its record,
+// with those of others (many per transaction), and then destroys it, on
+// the pool's next tick, or at once when the pool is closed. One write per
+// retired session, not two.
 func (p *sessionPool) retire(s *pooled) {
-	ctx, cancel := cleanupContext()
-	defer cancel()
-	_ = p.store().DestroySession(ctx, s.id)
-	ops := s.rec.deleteOps()
-	if ops == nil {
-		return
-	}
 	p.mu.Lock()
+	p.dead = append(p.dead, s)
 	closed := p.closed
-	if !closed {
-		p.dead = append(p.dead, ops...)
-	}
 	p.mu.Unlock()
-	if closed { // no flushDead to come
-		p.b.deleteRecords(ctx, p.store(), ops)
+	if closed { // no tick to come
+		p.flushDead()
 	}
 }
 
-// flushDead deletes the records of retired sessions.
+// flushDead removes the retired sessions: their records first, each
+// conditioned on the record as this pool last wrote it (the session is
+// still live, so nothing else moved it: destroying the session first
+// would release the record, moving its index, and the deletion would
+// fail), then the sessions.
 func (p *sessionPool) flushDead() {
 	p.mu.Lock()
-	ops := p.dead
+	dead := p.dead
 	p.dead = nil
 	p.mu.Unlock()
-	if len(ops) == 0 {
+	if len(dead) == 0 {
 		return
 	}
 	ctx, cancel := cleanupContext()
 	defer cancel()
-	p.b.deleteRecords(ctx, p.store(), ops)
-}
-
-// drainIdle closes the pool (a session given back later retires at once),
-// deletes the idle sessions' records (many per transaction) and destroys
-// the sessions: the broker is stopping (no janitor after it), or the
-// tenant's pool ended.
-func (p *sessionPool) drainIdle() {
-	p.mu.Lock()
-	idle := p.idle
-	p.idle, p.closed = nil, true
-	p.mu.Unlock()
-	ctx, cancel := cleanupContext()
-	defer cancel()
+	st := p.store()
 	var ops []Op
-	for _, s := range idle {
+	for _, s := range dead {
 		ops = append(ops, s.rec.deleteOps()...)
 	}
-	st := p.store()
 	p.b.deleteRecords(ctx, st, ops)
 	var wg sync.WaitGroup
-	for _, s := range idle {
+	for _, s := range dead {
 		wg.Go(func() { _ = st.DestroySession(ctx, s.id) })
 	}
 	wg.Wait()
+}
+
+// drainIdle closes the pool (a session given back later retires at once)
+// and retires the idle sessions: the broker is stopping (no janitor after
+// it), or the tenant's pool ended.
+func (p *sessionPool) drainIdle() {
+	p.mu.Lock()
+	p.dead = append(p.dead, p.idle...)
+	p.idle, p.closed = nil, true
+	p.mu.Unlock()
 	p.flushDead()
 }

@@ -96,8 +96,31 @@ func TestTenantSessionPools(t *testing.T) {
 		}
 	}
 
+	// Tenant c holds a lock while its pool ends: the hold's session, given
+	// back to the ended pool, is destroyed and its record deleted.
+	ctxC, cancelC := context.WithCancel(broker.ContextWithTenant(context.Background(), "c"))
+	defer cancelC()
+	held := make(chan broker.Sequencer, 1)
+	cDone := make(chan error, 1)
+	go func() {
+		cDone <- b.Acquire(ctxC, broker.AcquireSpec{Key: "c/held", WaitForever: true}, func(e broker.Event) error {
+			if e.Kind == broker.EventAcquired {
+				held <- e.Sequencer
+			}
+			return nil
+		})
+	}()
+	var cSeq broker.Sequencer
+	select {
+	case cSeq = <-held:
+	case err := <-cDone:
+		t.Fatalf("c's Acquire ended: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("c's hold was never granted")
+	}
+
 	// Unused for tenantPoolIdle, b's pool ends: its sessions are destroyed
-	// and their records deleted. a's pool, used later, still has its own.
+	// and their records deleted.
 	require.Eventually(t, func() bool {
 		live := sessions()
 		for id := range fromB {
@@ -112,6 +135,19 @@ func TestTenantSessionPools(t *testing.T) {
 		require.NoError(t, err)
 		assert.Nil(t, e, "the record of b's retired session %s", id)
 	}
+	require.Eventually(t, func() bool { return !b.HasTenantPool("c") }, 15*time.Second, 100*time.Millisecond, "c's pool ends while its hold is open")
+	assert.True(t, sessions()[cSeq.Session], "an open hold keeps its session")
+	ok, err := b.Release(ctxC, cSeq.Key, cSeq.Session, cSeq.Token)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, <-cDone)
+	require.Eventually(t, func() bool { return !sessions()[cSeq.Session] }, 10*time.Second, 50*time.Millisecond,
+		"the session given back to c's ended pool is destroyed")
+	require.Eventually(t, func() bool {
+		e, _, err := consul.KV().Get(broker.BrokerPrefix+"sessions/"+cSeq.Session, nil)
+		return err == nil && e == nil
+	}, 10*time.Second, 50*time.Millisecond, "and its record deleted")
+
 	// b can still Acquire: a new pool, new sessions.
 	again := used(ctxB, "b/again", 3)
 	for id := range again {
@@ -163,4 +199,46 @@ func cycle(t *testing.T, b *broker.Broker, ctx context.Context, key string) brok
 			return seq
 		}
 	}
+}
+
+// A pooled session retires after 64 grants: its record is deleted, then
+// the session destroyed, within the pool's next tick (not left to the
+// janitor, which runs every 15 s: destroying the session first would
+// release the record and move its index, and the deletion would fail).
+func TestPoolRetiresSessionAndRecord(t *testing.T) {
+	agent, store := startStore(t, consulstore.Options{})
+	b := broker.New(store, zap.NewNop(), broker.WithSessionPool())
+	t.Cleanup(b.Close)
+	start := time.Now()
+	grants := map[string]int{}
+	retired := ""
+	for i := 0; i < 400 && retired == ""; i++ {
+		s := cycle(t, b, context.Background(), fmt.Sprintf("retire/%d", i)).Session
+		if grants[s]++; grants[s] == 64 {
+			retired = s
+		}
+	}
+	require.NotEmpty(t, retired, "a session served 64 grants")
+	consul := agent.Client()
+	require.Eventually(t, func() bool {
+		e, _, err := consul.KV().Get(broker.BrokerPrefix+"sessions/"+retired, nil)
+		if err != nil || e != nil {
+			return false
+		}
+		s, _, err := consul.Session().Info(retired, nil)
+		return err == nil && s == nil
+	}, 5*time.Second, 20*time.Millisecond, "the retired session and its record are gone")
+	assert.Less(t, time.Since(start), 14*time.Second, "before the janitor's first run")
+	assert.Zero(t, cycleOn(t, b, retired), "a retired session is not given again")
+}
+
+// cycleOn counts the grants of 20 more cycles that used session.
+func cycleOn(t *testing.T, b *broker.Broker, session string) int {
+	n := 0
+	for i := range 20 {
+		if cycle(t, b, context.Background(), fmt.Sprintf("retire/after/%d", i)).Session == session {
+			n++
+		}
+	}
+	return n
 }
