@@ -251,6 +251,10 @@ func TestBenchTable(t *testing.T) {
 		out.WriteString("# allocs: runtime.MemStats.Mallocs of the whole process (broker + client side for broker rows) per cycle.\n")
 	}
 	out.WriteString("# ratios: broker/anchor; for latencies lower is better, for cycles/s higher is better.\n")
+	if brTen != nil {
+		out.WriteString("# tenant rows: a second broker binary on the same agent with --tenants (one tenant, prefix bench/), called with\n")
+		out.WriteString("#   the tenant's bearer token (loopback plaintext), interleaved with api.Lock cycles of their own.\n")
+	}
 	out.WriteString(fmt.Sprintf("# hand-off: the waiter is queued (broker: after `queued`) and left %s before the holder releases;\n", *handoffSettle))
 	out.WriteString("#   latency = Release/Unlock call → waiter's `acquired` / Lock returns, each noted by the waiter's own goroutine; the\n")
 	out.WriteString("#   call-alone row is the holder's call until it returns.\n")
