@@ -39,6 +39,8 @@ const (
 	// ready, and ends when the tenant has not asked it for one in a while
 	// (tenantPoolIdle).
 	tenantPoolMin = 4
+
+	poolRetry = 10 * time.Second // between fills that failed
 )
 
 var tenantPoolIdle = 2 * time.Minute // a var for tests
@@ -62,6 +64,7 @@ type sessionPool struct {
 	min    int           // idle sessions kept ready
 	idleTO time.Duration // 0: never ends; else ends when not asked for this long
 	kick   chan struct{}
+	fillAt time.Time // no fill before (run's own: set after a failed creation)
 
 	mu     sync.Mutex
 	idle   []*pooled
@@ -215,8 +218,13 @@ func (p *sessionPool) run(ctx context.Context, ps *pools) {
 	}
 }
 
-// fill creates sessions until poolMin are idle.
+// fill creates sessions until p.min are idle. After a creation failed it
+// tries again only poolRetry later (a tenant whose token may not make
+// sessions, Consul down), not at every tick and request.
 func (p *sessionPool) fill(ctx context.Context) {
+	if time.Now().Before(p.fillAt) {
+		return
+	}
 	for ctx.Err() == nil {
 		p.mu.Lock()
 		n, closed := len(p.idle), p.closed
@@ -226,7 +234,8 @@ func (p *sessionPool) fill(ctx context.Context) {
 		}
 		s, err := p.create(ctx)
 		if err != nil {
-			p.b.log.Debug("session pool: cannot create a session", zap.Error(err))
+			p.b.log.Debug("session pool: cannot create a session", zap.String("tenant", p.tenant), zap.Error(err))
+			p.fillAt = time.Now().Add(poolRetry)
 			return
 		}
 		p.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -241,4 +242,24 @@ func cycleOn(t *testing.T, b *broker.Broker, session string) int {
 		}
 	}
 	return n
+}
+
+// A tenant whose store cannot make sessions (here: no Consul behind it)
+// gets the store's error for its Acquire, and its pool does not retry the
+// creation at every tick: one failed fill, then a pause.
+func TestTenantPoolBacksOffFailedFill(t *testing.T) {
+	_, own := startStore(t, consulstore.Options{})
+	cfg := api.DefaultConfig()
+	cfg.Address = "127.0.0.1:1" // nothing listens
+	dead, err := consulstore.Open(cfg, consulstore.Options{CallTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(dead.Close)
+	b := broker.New(own, zap.NewNop(), broker.WithSessionPool(), broker.WithTenantStore(func(string) broker.Store { return dead }))
+	t.Cleanup(b.Close)
+	ctx, cancel := context.WithTimeout(broker.ContextWithTenant(context.Background(), "d"), 10*time.Second)
+	defer cancel()
+	err = b.Acquire(ctx, broker.AcquireSpec{Key: "d/k", WaitForever: true}, func(broker.Event) error { return nil })
+	require.Error(t, err, "no session can be made")
+	time.Sleep(4 * time.Second) // four ticks of the pool
+	assert.LessOrEqual(t, dead.OpCounts()["session_create"], uint64(2), "the request's attempt and one fill, not one a tick")
 }
