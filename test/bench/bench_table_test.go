@@ -19,8 +19,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
@@ -313,23 +311,15 @@ func newEnv(t *testing.T) *env {
 	// 429s); the scale run keeps the default.
 	agent := consultest.Start(t, consultest.WithHCL(`limits { http_max_conns_per_client = 1000 }`))
 	e := &env{t: t, agent: agent, streamErrs: &run{}, lossReasons: map[string]int{}}
-	var conn *grpc.ClientConn
 	if *tableInProcess {
 		r := startBroker(t, agent)
-		conn, e.store = r.Conn(t), r.Store
+		e.bd, e.store = newDriver(r.Conn(t)), r.Store
 	} else {
 		// The broker binary as it is deployed: its session pool is on.
-		p := brokertest.StartProcess(t, agent)
+		e.bd, e.proc = startProcess(t, agent, nil)
 		waitPool(t, agent)
-		c, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		e.proc = newBrokerProcess(t, p.HTTPAddr, p.Pid())
-		conn, e.store = c, e.proc
+		e.store = e.proc
 	}
-	e.bd = brokerDriver{locks: lockbrokerv1.NewLockServiceClient(conn), sessions: lockbrokerv1.NewSessionServiceClient(conn)}
 	e.anchorTr = pooledTransport()
 	e.counter = newCallCounter(e.anchorTr)
 	ac, err := anchorClient(agent.HTTPAddr(), e.counter)

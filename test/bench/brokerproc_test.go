@@ -5,6 +5,12 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
 // tableInProcess runs the table's broker in this process (as it ran up to
@@ -21,6 +27,20 @@ type brokerProcess struct {
 	// broker; a measured run's allocations are taken between two scrapes
 	// and this is subtracted from them.
 	scrapeAllocs uint64
+}
+
+// startProcess runs the broker binary on agent (with flags) and returns a
+// driver on a plaintext connection to it (with dial's options too) and the
+// reader of its figures.
+func startProcess(t testing.TB, agent *consultest.Agent, flags []string, dial ...grpc.DialOption) (brokerDriver, *brokerProcess) {
+	t.Helper()
+	p := brokertest.StartProcess(t, agent, brokertest.WithFlags(flags...))
+	c, err := grpc.NewClient(p.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return newDriver(c), newBrokerProcess(t, p.HTTPAddr, p.Pid())
 }
 
 func newBrokerProcess(t testing.TB, httpAddr string, pid int) *brokerProcess {

@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
@@ -17,7 +16,7 @@ func BenchmarkCycle(b *testing.B) {
 	agent := consultest.Start(b)
 	r := startBroker(b, agent)
 	conn := r.Conn(b)
-	bd := brokerDriver{locks: lockbrokerv1.NewLockServiceClient(conn), sessions: lockbrokerv1.NewSessionServiceClient(conn)}
+	bd := newDriver(conn)
 	ac, err := anchorClient(agent.HTTPAddr(), newCallCounter(pooledTransport()))
 	if err != nil {
 		b.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"google.golang.org/grpc"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 )
@@ -26,6 +27,11 @@ const opTimeout = 30 * time.Second
 type brokerDriver struct {
 	locks    lockbrokerv1.LockServiceClient
 	sessions lockbrokerv1.SessionServiceClient
+}
+
+// newDriver is the driver of conn.
+func newDriver(conn grpc.ClientConnInterface) brokerDriver {
+	return brokerDriver{locks: lockbrokerv1.NewLockServiceClient(conn), sessions: lockbrokerv1.NewSessionServiceClient(conn)}
 }
 
 // brokerHold is an open Acquire stream that got `acquired`.

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
@@ -41,7 +40,7 @@ func TestSideBySide(t *testing.T) {
 	var ds [2]brokerDriver
 	for i, r := range replicas {
 		c := r.Conn(t)
-		ds[i] = brokerDriver{locks: lockbrokerv1.NewLockServiceClient(c), sessions: lockbrokerv1.NewSessionServiceClient(c)}
+		ds[i] = newDriver(c)
 	}
 	var warm, cold, handoff [2]latencies
 	timed := func(l *latencies, f func() error) {

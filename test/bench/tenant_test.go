@@ -8,10 +8,7 @@ import (
 	"path/filepath"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
-	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
-	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/tenant"
 )
 
@@ -42,16 +39,9 @@ func (e *env) tenantEnv() *env {
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		e.t.Fatal(err)
 	}
-	p := brokertest.StartProcess(e.t, e.agent, brokertest.WithFlags("--tenants", path))
-	c, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(bearer(token)))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { _ = c.Close() })
 	te := &env{t: e.t, agent: e.agent, ac: e.ac, counter: e.counter, anchorTr: e.anchorTr, pid: e.pid,
 		streamErrs: &run{}, lossReasons: map[string]int{}}
-	te.proc = newBrokerProcess(e.t, p.HTTPAddr, p.Pid())
+	te.bd, te.proc = startProcess(e.t, e.agent, []string{"--tenants", path}, grpc.WithPerRPCCredentials(bearer(token)))
 	te.store = te.proc
-	te.bd = brokerDriver{locks: lockbrokerv1.NewLockServiceClient(c), sessions: lockbrokerv1.NewSessionServiceClient(c)}
 	return te
 }
