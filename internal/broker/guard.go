@@ -38,13 +38,14 @@ func (h *hub) removeGuard(g *guard) {
 // checkGuards checks every guard with read-only transactions and signals
 // those whose key moved.
 func (h *hub) checkGuards(ctx context.Context) {
-	var checks checkBatches[*guard]
+	checks := &h.guardChecks // only the sweep loop checks guards
+	checks.reset()
 	h.mu.Lock()
 	for g := range h.guards {
 		checks.add(g, Op{Verb: OpCheckIndex, Key: g.key, Index: g.index.Load()})
 	}
 	h.mu.Unlock()
-	for _, g := range failedOwners(ctx, h, &checks) {
+	for _, g := range failedOwners(ctx, h, checks) {
 		select {
 		case g.moved <- struct{}{}:
 		default:

@@ -57,12 +57,16 @@ type hub struct {
 	dedicated int                         // running dedicated queries, lingering ones included
 	running   map[*keyWatch]*dedicatedRun // each dedicated key's current query loop
 	guards    map[*guard]struct{}
-	known     knownFree // see known.go
-	closed    bool      // close was called
-	kick      chan struct{}
-	ctx       context.Context
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	// sweepChecks and guardChecks are the sweep loop's batches, kept
+	// between rounds.
+	sweepChecks checkBatches[*keyWatch]
+	guardChecks checkBatches[*guard]
+	known       knownFree // see known.go
+	closed      bool      // close was called
+	kick        chan struct{}
+	ctx         context.Context
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
 }
 
 func newHub(store Store, log *zap.Logger, maxDedicated int, sweepInterval time.Duration) *hub {

@@ -120,6 +120,12 @@ type Store interface {
 	// or nil (deletes, check-not-exists). A rolled-back transaction
 	// returns a *TxnError.
 	Txn(ctx context.Context, ops []Op) ([]*Entry, error)
+	// Check runs ops that only check (OpCheckIndex, OpCheckNotExists,
+	// OpCheckSession) as one transaction, as Txn does, but reads no entry
+	// back: nil when every check passed, a *TxnError naming the failing
+	// ops when one did not. The sweep checks thousands of keys a second
+	// with it.
+	Check(ctx context.Context, ops []Op) error
 }
 
 // StoreErrorKind classifies a failed store call.

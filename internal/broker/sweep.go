@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -129,9 +130,13 @@ func (h *hub) sweep(ctx context.Context) {
 
 // sweepOnce reads the swept keys that are new or stale, and checks the
 // others with read-only transactions; keys whose checks fail are read.
+// Only the sweep loop calls it: its batches are kept from one sweep to the
+// next (h.sweepChecks), so that a sweep of many keys allocates little.
 func (h *hub) sweepOnce(ctx context.Context) {
 	var reread, blind []*keyWatch
-	var checks checkBatches[*keyWatch]
+	checks := &h.sweepChecks
+	checks.reset()
+	var scratch []Op
 	h.mu.Lock()
 	for key, kw := range h.watches {
 		if !h.closed && h.modeLocked(kw) == modeBlind { // (closing: the loops are ending)
@@ -142,7 +147,9 @@ func (h *hub) sweepOnce(ctx context.Context) {
 		}
 		kw.mu.Lock()
 		idle, stale := len(kw.subs) == 0, kw.stale || !kw.ready || len(kw.entries) > maxSweptEntries
-		ops := kw.checkOpsLocked()
+		if !idle && !stale {
+			scratch = kw.appendCheckOpsLocked(scratch[:0])
+		}
 		kw.mu.Unlock()
 		switch {
 		case idle:
@@ -150,7 +157,7 @@ func (h *hub) sweepOnce(ctx context.Context) {
 		case stale:
 			reread = append(reread, kw)
 		default:
-			checks.add(kw, ops...)
+			checks.add(kw, scratch...)
 		}
 	}
 	for _, kw := range blind {
@@ -161,14 +168,13 @@ func (h *hub) sweepOnce(ctx context.Context) {
 		h.startLocked(kw)
 	}
 	h.mu.Unlock()
-	h.reread(ctx, append(reread, failedOwners(ctx, h, &checks)...))
+	h.reread(ctx, append(reread, failedOwners(ctx, h, checks)...))
 }
 
-// checkOpsLocked returns the ops that pass while the key's entries are as
-// last seen: each entry unchanged, the key and its semaphore `.lock`
-// absent if they were.
-func (kw *keyWatch) checkOpsLocked() []Op {
-	ops := make([]Op, 0, len(kw.entries)+2)
+// appendCheckOpsLocked appends to ops the ops that pass while the key's
+// entries are as last seen: each entry unchanged, the key and its
+// semaphore `.lock` absent if they were.
+func (kw *keyWatch) appendCheckOpsLocked(ops []Op) []Op {
 	var haveKey, haveSem bool
 	for _, e := range kw.entries {
 		ops = append(ops, Op{Verb: OpCheckIndex, Key: e.Key, Index: e.ModifyIndex})
@@ -186,16 +192,30 @@ func (kw *keyWatch) checkOpsLocked() []Op {
 
 // checkBatches gathers check ops, each with the owner it speaks for (a
 // swept key, a guard), into read-only transactions of at most MaxTxnOps;
-// one owner's ops stay in one transaction.
+// one owner's ops stay in one transaction. reset empties it for another
+// round and keeps its memory.
 type checkBatches[T comparable] struct {
 	ops    [][]Op
 	owners [][]T // owners[i][j] is the owner of ops[i][j]
 }
 
+func (c *checkBatches[T]) reset() {
+	for i := range c.ops {
+		clear(c.ops[i]) // no keys or owners kept alive until the next round
+		clear(c.owners[i])
+		c.ops[i], c.owners[i] = c.ops[i][:0], c.owners[i][:0]
+	}
+	c.ops, c.owners = c.ops[:0], c.owners[:0]
+}
+
 func (c *checkBatches[T]) add(owner T, ops ...Op) {
 	n := len(c.ops)
 	if n == 0 || len(c.ops[n-1])+len(ops) > MaxTxnOps {
-		c.ops, c.owners = append(c.ops, nil), append(c.owners, nil)
+		if n < cap(c.ops) && n < cap(c.owners) { // a batch of an earlier round: reuse its arrays
+			c.ops, c.owners = c.ops[:n+1], c.owners[:n+1]
+		} else {
+			c.ops, c.owners = append(c.ops, make([]Op, 0, MaxTxnOps)), append(c.owners, make([]T, 0, MaxTxnOps))
+		}
 		n++
 	}
 	c.ops[n-1] = append(c.ops[n-1], ops...)
@@ -225,52 +245,59 @@ func failedOwners[T comparable](ctx context.Context, h *hub, c *checkBatches[T])
 // cannot run (Consul unreachable) is tried again at the next sweep.
 func (h *hub) failing(ctx context.Context, batches [][]Op) map[int][]int {
 	var (
-		mu    sync.Mutex
-		out   = map[int][]int{}
-		wg    sync.WaitGroup
-		slots = make(chan struct{}, sweepParallel)
+		mu  sync.Mutex
+		out map[int][]int
 	)
-	for i := range batches {
-		slots <- struct{}{}
+	inParallel(len(batches), func(i int) {
+		err := h.store.Check(ctx, batches[i])
+		if err == nil {
+			return
+		}
+		te := asTxnError(err)
+		if te == nil {
+			h.log.Debug("sweep check failed", zap.Error(err))
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if out == nil {
+			out = map[int][]int{}
+		}
+		for _, f := range te.Failures {
+			if f.Op >= 0 && f.Op < len(batches[i]) {
+				out[i] = append(out[i], f.Op)
+			}
+		}
+	})
+	return out
+}
+
+// inParallel calls f(0) … f(n-1) on at most sweepParallel goroutines and
+// returns when every call has: a few goroutines take the items in turn,
+// rather than one goroutine per item growing a new stack for its Consul
+// call.
+func inParallel(n int, f func(i int)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(n, sweepParallel) {
 		wg.Go(func() {
-			defer func() { <-slots }()
-			_, err := h.store.Txn(ctx, batches[i])
-			if err == nil {
-				return
-			}
-			te := asTxnError(err)
-			if te == nil {
-				h.log.Debug("sweep check failed", zap.Error(err))
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, f := range te.Failures {
-				if f.Op >= 0 && f.Op < len(batches[i]) {
-					out[i] = append(out[i], f.Op)
-				}
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				f(i)
 			}
 		})
 	}
 	wg.Wait()
-	return out
 }
 
 // reread lists each key again and publishes it, sweepParallel at a time.
 func (h *hub) reread(ctx context.Context, kws []*keyWatch) {
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, sweepParallel)
-	for _, kw := range kws {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			entries, index, err := h.store.List(ctx, kw.key, false)
-			if err != nil {
-				h.log.Debug("sweep read failed", zap.String("key", kw.key), zap.Error(err))
-				return
-			}
-			kw.publish(under(kw.key, entries), index)
-		})
-	}
-	wg.Wait()
+	inParallel(len(kws), func(i int) {
+		kw := kws[i]
+		entries, index, err := h.store.List(ctx, kw.key, false)
+		if err != nil {
+			h.log.Debug("sweep read failed", zap.String("key", kw.key), zap.Error(err))
+			return
+		}
+		kw.publish(under(kw.key, entries), index)
+	})
 }

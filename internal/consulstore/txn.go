@@ -48,6 +48,32 @@ func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, erro
 	if len(ops) == 0 {
 		return []*broker.Entry{}, nil
 	}
+	return s.runTxn(ctx, ops, true)
+}
+
+// Check implements broker.Store: a transaction of check verbs only, whose
+// answer is decoded only when it was rolled back (the failing ops). An op
+// that is not a check is StoreRejected without a call to Consul; no ops
+// pass without a call.
+func (s *Store) Check(ctx context.Context, ops []broker.Op) error {
+	for i, op := range ops {
+		switch op.Verb {
+		case broker.OpCheckIndex, broker.OpCheckNotExists, broker.OpCheckSession:
+		default:
+			return &broker.StoreError{Kind: broker.StoreRejected, Op: opNames[opKVTxnRead].consul,
+				Err: fmt.Errorf("operation %d: %q is not a check", i, op.Verb)}
+		}
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	_, err := s.runTxn(ctx, ops, false)
+	return err
+}
+
+// runTxn is Txn and Check; results says whether the entries of a
+// transaction that passed are wanted.
+func (s *Store) runTxn(ctx context.Context, ops []broker.Op, results bool) ([]*broker.Entry, error) {
 	write, err := checkOps(ops)
 	if err != nil {
 		return nil, &broker.StoreError{Kind: broker.StoreRejected, Op: opNames[opKVTxnWrite].consul, Err: err}
@@ -60,7 +86,7 @@ func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, erro
 	var ok bool
 	var a *txnAnswer
 	if s.txn != nil {
-		ok, a, err = s.txn.do(c.ctx, ops)
+		ok, a, err = s.txn.do(c.ctx, ops, results)
 	} else {
 		ok, a, err = s.apiTxn(c.ctx, ops)
 	}
@@ -69,7 +95,7 @@ func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, erro
 	case err != nil:
 	case !ok:
 		err = c.rolledBack(ops, a.Errors)
-	default:
+	case results:
 		out, err = c.results(ops, a)
 	}
 	if err = c.end(err); err != nil {

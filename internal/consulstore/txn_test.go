@@ -271,6 +271,62 @@ func TestTxnResultSlots(t *testing.T) {
 	}
 }
 
+// TestCheck proves that Check, on the hand path and through api.Txn, passes
+// when every check passes, names every failing op of a batch that does not,
+// writes nothing, is counted as a read, and refuses an op that is not a
+// check before any call.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	agent := consultest.Start(t)
+	s := open(t, agent, Options{})
+	ctx := t.Context()
+
+	idx := set(t, s, "c/a", "A")
+	sess := session(t, s, broker.SessionSpec{Name: "c"})
+	_, err := s.Txn(ctx, []broker.Op{{Verb: broker.OpLock, Key: "c/locked", Session: sess}})
+	require.NoError(t, err)
+
+	pass := []broker.Op{
+		{Verb: broker.OpCheckIndex, Key: "c/a", Index: idx},
+		{Verb: broker.OpCheckNotExists, Key: "c/missing"},
+		{Verb: broker.OpCheckSession, Key: "c/locked", Session: sess},
+	}
+	failing := []broker.Op{
+		{Verb: broker.OpCheckIndex, Key: "c/a", Index: idx},           // 0: fine
+		{Verb: broker.OpCheckIndex, Key: "c/a", Index: idx + 1},       // 1: stale
+		{Verb: broker.OpCheckNotExists, Key: "c/a"},                   // 2: exists
+		{Verb: broker.OpCheckSession, Key: "c/locked", Session: sess}, // 3: fine
+		{Verb: broker.OpCheckSession, Key: "c/a", Session: sess},      // 4: no session
+	}
+	for _, tt := range []struct {
+		name string
+		s    *Store
+	}{{"hand", s}, {"api", New(s.Client(), 0)}} {
+		t.Run(tt.name, func(t *testing.T) {
+			before := tt.s.OpCounts()
+			require.NoError(t, tt.s.Check(ctx, pass))
+			requireTxnError(t, tt.s.Check(ctx, failing),
+				broker.TxnFailure{Op: 1, Kind: broker.TxnCheckFailed},
+				broker.TxnFailure{Op: 2, Kind: broker.TxnCheckFailed},
+				broker.TxnFailure{Op: 4, Kind: broker.TxnCheckFailed})
+			after := tt.s.OpCounts()
+			assert.Equal(t, before["kv_txn_read"]+2, after["kv_txn_read"], "each Check is one read")
+			assert.Equal(t, before["kv_txn_write"], after["kv_txn_write"])
+
+			err := tt.s.Check(ctx, append(pass[:1:1], broker.Op{Verb: broker.OpGet, Key: "c/a"}))
+			requireStoreError(t, err, broker.StoreRejected, "kv txn")
+			assert.ErrorContains(t, err, `operation 1: "get" is not a check`)
+			require.NoError(t, tt.s.Check(ctx, nil))
+			assert.Equal(t, after, tt.s.OpCounts(), "no call for a refused or empty Check")
+		})
+	}
+	// Nothing was written: the entries are as they were.
+	entries, _, err := s.List(ctx, "c/", true)
+	require.NoError(t, err)
+	require.Len(t, entries, 2)
+	assert.Equal(t, idx, entries[0].ModifyIndex)
+}
+
 // TestTxnRejectedWithoutCall proves that a transaction Consul would refuse
 // for its size or verb fails as StoreRejected before any call.
 func TestTxnRejectedWithoutCall(t *testing.T) {

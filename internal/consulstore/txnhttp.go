@@ -90,8 +90,10 @@ var answerBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 const maxPooledAnswer = 64 << 10
 
 // do runs the transaction: ok is true for HTTP 200, false for 409 (rolled
-// back, with Errors). Any other answer is api.Txn's error.
-func (e *txnEndpoint) do(ctx context.Context, ops []broker.Op) (bool, *txnAnswer, error) {
+// back, with Errors). Any other answer is api.Txn's error. Without
+// results, the answer to a transaction that passed is read but not
+// decoded (the answer is nil).
+func (e *txnEndpoint) do(ctx context.Context, ops []broker.Op, results bool) (bool, *txnAnswer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, e.url, bytes.NewReader(encodeTxn(ops)))
 	if err != nil {
 		return false, nil, err
@@ -119,6 +121,9 @@ func (e *txnEndpoint) do(ctx context.Context, ops []broker.Op) (bool, *txnAnswer
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusConflict {
 		//lint:ignore ST1005 api.Txn's text
 		return false, nil, fmt.Errorf("Failed request: %s", buf.String())
+	}
+	if resp.StatusCode == http.StatusOK && !results {
+		return true, nil, nil
 	}
 	var a txnAnswer
 	if err := decodeTxnAnswer(buf.Bytes(), &a); err != nil {
