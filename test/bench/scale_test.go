@@ -28,6 +28,7 @@ var (
 	scaleWindow       = flag.Duration("scale.window", 60*time.Second, "how long the holds are kept once all are acquired")
 	scaleAcquireLimit = flag.Duration("scale.acquire-limit", 3*time.Minute, "how long to wait for every hold to be acquired")
 	scaleLoss         = flag.Int("scale.loss", 10, "loss-notice samples on holds without a watcher, after the window")
+	scaleConns        = flag.Int("scale.conns", 1, "client gRPC connections the holds and watchers are spread over")
 )
 
 // scaleHold is one hold's stream as its reader goroutine sees it.
@@ -56,12 +57,15 @@ func TestScale(t *testing.T) {
 	bp := brokertest.StartProcess(t, agent)
 	pid := bp.Pid()
 	waitPool(t, agent)
-	conn, err := grpc.NewClient(bp.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	clients := make([]lockbrokerv1.LockServiceClient, max(*scaleConns, 1))
+	for i := range clients {
+		conn, err := grpc.NewClient(bp.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		clients[i] = lockbrokerv1.NewLockServiceClient(conn)
 	}
-	defer conn.Close()
-	c := lockbrokerv1.NewLockServiceClient(conn)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	nHolds, nWatchers := *scaleHolds, min(*scaleWatchers, *scaleHolds)
@@ -106,7 +110,7 @@ func TestScale(t *testing.T) {
 		go func() {
 			ready := sync.OnceFunc(watchReady.Done)
 			defer ready()
-			st, err := c.Watch(ctx, &lockbrokerv1.WatchRequest{Key: fmt.Sprintf("t%d/lock", w*watchEvery)})
+			st, err := clients[w%len(clients)].Watch(ctx, &lockbrokerv1.WatchRequest{Key: fmt.Sprintf("t%d/lock", w*watchEvery)})
 			if err != nil {
 				watchErrs.add(err)
 				return
@@ -149,6 +153,7 @@ func TestScale(t *testing.T) {
 	start := time.Now()
 	for i := range holds {
 		h := &scaleHold{key: fmt.Sprintf("t%d/lock", i), lostCh: make(chan time.Time, 1)}
+		c := clients[i%len(clients)]
 		holds[i] = h
 		go func() {
 			defer h.done.Store(true)
@@ -207,9 +212,17 @@ func TestScale(t *testing.T) {
 	// The window: hold everything; read the gauges half way through, so
 	// that any stall the reading causes would show as losses in the window.
 	lostBefore, endedBefore, watchBefore := lost.Load(), ended.Load(), watchEvents.Load()
+	mStart := scrape(bp.HTTPAddr)
 	windowStart := time.Now()
+	agentPid := agentPID(port)
+	_, cpuB0 := statOf(pid)
+	_, cpuA0 := statOf(agentPid)
 	time.Sleep(*scaleWindow / 2)
 	mDuring := scrape(bp.HTTPAddr)
+	_, cpuB1 := statOf(pid)
+	_, cpuA1 := statOf(agentPid)
+	half := time.Since(windowStart)
+	allocRate := (mDuring["go_memstats_alloc_bytes_total"] - mStart["go_memstats_alloc_bytes_total"]) / half.Seconds()
 	rss, hwm := rssKiB(pid)
 	blockingNow := int64(mDuring["lockbroker_consul_blocking_queries"])
 	time.Sleep(time.Until(windowStart.Add(*scaleWindow)))
@@ -261,6 +274,9 @@ func TestScale(t *testing.T) {
 	tb.add("broker RSS mid-window / peak (its process, /proc/<pid>/status)", fmt.Sprintf("%.0f / %.0f MiB (%.0f MiB before the holds)", float64(rss)/1024, float64(hwm)/1024, float64(rss0)/1024), "≤ 512 MiB")
 	tb.add("broker Go heap / goroutine stacks in use mid-window (/metrics)",
 		fmt.Sprintf("%.0f / %.0f MiB", mDuring["go_memstats_heap_inuse_bytes"]/(1<<20), mDuring["go_memstats_stack_inuse_bytes"]/(1<<20)), "")
+	tb.add("CPU while holding (first half of the window): broker / agent, % of one core",
+		fmt.Sprintf("%.0f%% / %.0f%%", 100*float64(cpuB1-cpuB0)/float64(half), 100*float64(cpuA1-cpuA0)/float64(half)), "")
+	tb.add("broker allocation while holding (/metrics)", fmt.Sprintf("%.0f MB/s", allocRate/1e6), "")
 	tb.add("broker goroutines per hold ((mid-window − before)/holds)", fmt.Sprintf("%.2f", goroutinesPerHold), "≤ 3")
 	tb.add("broker goroutines: before → mid-window", fmt.Sprintf("%.0f → %.0f", g0, gDuring), "")
 	tb.add(fmt.Sprintf("loss notice, unwatched hold, p50 / max (n=%d)", loss.len()),
@@ -269,7 +285,7 @@ func TestScale(t *testing.T) {
 	var out strings.Builder
 	fmt.Fprintf(&out, "# scale run (issue 10 item 1, issue 12) — reproduce: %s\n", reproduce)
 	fmt.Fprintf(&out, "# GOMAXPROCS=%d cpu %q, load average at start %s, at end %s; tree: %s\n", runtime.GOMAXPROCS(0), cpuModel(), load0, loadAvg(), treeState(t))
-	fmt.Fprintf(&out, "# one replica (the broker binary, its own process, default flags), one gRPC connection carrying %d Acquire\n", nHolds)
+	fmt.Fprintf(&out, "# one replica (the broker binary, its own process, default flags), %d gRPC connection(s) carrying %d Acquire\n", len(clients), nHolds)
 	fmt.Fprintf(&out, "#   + %d Watch streams, default session options; agent started with limits { http_max_conns_per_client = 200 }.\n", nWatchers)
 	out.WriteString(tb.String())
 	for _, x := range []struct {
