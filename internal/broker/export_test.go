@@ -13,6 +13,14 @@ func SetParkedHook(f func(key string)) (restore func()) {
 	return func() { testHookParked = old }
 }
 
+// SetGrantedHook sets the hook a hold runs between its grant and the
+// `acquired` it sends; the returned func restores the previous one.
+func SetGrantedHook(f func(key string)) (restore func()) {
+	old := testHookGranted
+	testHookGranted = f
+	return func() { testHookGranted = old }
+}
+
 // WatchMode says how key is watched: "" when it has no watch, else
 // swept, pending, dedicated, or "dedicated, no query" (a broken watch).
 func (b *Broker) WatchMode(key string) string {

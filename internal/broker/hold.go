@@ -92,11 +92,24 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 	} else {
 		h.guard = &guard{} // never fires
 	}
-	if err := send(Event{Kind: EventAcquired, Sequencer: *seq, GuaranteedFor: h.guaranteed(), Resumed: resumed}); err != nil && !disconnected(ctx) {
+	testHookGranted(spec.Key)
+	// A grant that comes when its session's safe deadline has passed (the
+	// renewals failed meanwhile, or this process was stopped between the
+	// transaction and this line) is not announced: Consul may have ended
+	// the session and granted the key to someone else already, and an
+	// `acquired` promising nothing would still say "held" for an instant.
+	if g := h.guaranteed(); h.ren != nil && g <= 0 {
+		h.life.End(lost(LostRenewalFailed, "the grant came after the session's safe deadline (no renewal succeeded in time), so it was never held safely"))
+	} else if err := send(Event{Kind: EventAcquired, Sequencer: *seq, GuaranteedFor: g, Resumed: resumed}); err != nil && !disconnected(ctx) {
 		h.life.End(Outcome{Kind: OutcomeCanceled})
 	}
 	return h.keep(ctx)
 }
+
+// testHookGranted runs after a grant and before it is announced
+// (hold_test.go stops Consul there until the grant is past its safe
+// deadline).
+var testHookGranted = func(key string) {}
 
 func (b *Broker) newHold(ctx context.Context, spec AcquireSpec, send func(Event) error) *hold {
 	sem := spec.Semaphore || spec.Limit > 1
