@@ -362,11 +362,12 @@ export declare const AcquireKeepaliveSchema: GenMessage<AcquireKeepalive>;
  * in Consul (session destroyed or invalidated, key released, deleted or
  * overwritten), `lost` comes within 1 s for keys with a blocking query of
  * their own (the first 32 watched keys of a replica, --consul-max-blocking)
- * and for keys checked by the replica's sweep (the others, every 300 ms)
- * while it checks up to a few thousand keys. A replica holding 10,000 keys
- * on 2 cores sweeps more slowly: there `lost` comes within about 4 s
- * (measured by make bench: p50 0.84 s, max 3.3 s). When renewals fail,
- * `lost` always comes before Consul may grant the key to anyone else.
+ * and for keys checked by the replica's sweep (the others, every 300 ms;
+ * measured by make bench with 10,000 holds on 2 cores: p50 0.3 s, max
+ * 0.85 s). When renewals fail, `lost` always comes before Consul may grant
+ * the key to anyone else. `lost` can also come instead of `acquired`: a
+ * grant that came after its session's safe deadline (renewals failing) is
+ * never announced.
  *
  * @generated from message lockbroker.v1.AcquireLost
  */
