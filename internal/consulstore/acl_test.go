@@ -72,6 +72,9 @@ func TestACLDenials(t *testing.T) {
 			_, err := s.Txn(ctx, []broker.Op{{Verb: broker.OpCheckSession, Key: "acl/held", Session: sess}})
 			return err
 		}},
+		{"check (the sweep's): rolled back with Permission denied, not a pass", "kv txn", func(ctx context.Context, s *Store) error {
+			return s.Check(ctx, []broker.Op{{Verb: broker.OpCheckIndex, Key: "acl/a", Index: 1}, {Verb: broker.OpCheckNotExists, Key: "acl/b"}})
+		}},
 		{"txn read get: results filtered", "kv txn", func(ctx context.Context, s *Store) error {
 			_, err := s.Txn(ctx, []broker.Op{{Verb: broker.OpGet, Key: "acl/a"}})
 			return err

@@ -52,8 +52,11 @@ func (s *Store) Txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, erro
 }
 
 // Check implements broker.Store: a transaction of check verbs only, whose
-// answer is decoded only when it was rolled back (the failing ops). An op
-// that is not a check is StoreRejected without a call to Consul; no ops
+// answer is decoded only when it was rolled back (the failing ops). So
+// Txn's test for results filtered by ACLs is not made: it needs no
+// results here, since Consul's pre-check refuses a check of a key the
+// token may not read, and that comes back as a rolled-back transaction. An
+// op that is not a check is StoreRejected without a call to Consul; no ops
 // pass without a call.
 func (s *Store) Check(ctx context.Context, ops []broker.Op) error {
 	for i, op := range ops {
