@@ -107,7 +107,7 @@ func (b *Broker) Acquire(ctx context.Context, spec AcquireSpec, send func(Event)
 }
 
 // testHookGranted runs after a grant and before it is announced
-// (hold_test.go stops Consul there until the grant is past its safe
+// (grant_test.go stops Consul there until the grant is past its safe
 // deadline).
 var testHookGranted = func(key string) {}
 
