@@ -136,8 +136,9 @@ func CheckFencing(s *Snapshot) Result {
 // CheckOverlap checks the belief intervals: for every key, holds of
 // clients that were not paused never overlap in time beyond the key's
 // limit (1 for a lock). All clients share the run's clock. A hold an
-// operator took away while its client was cut off from its broker is
-// checked up to that moment (see unheardTake).
+// operator took away while its client was cut off from its broker, or its
+// broker could not see Consul, is checked up to that moment (see
+// unheardTake).
 func CheckOverlap(s *Snapshot) Result {
 	r := newResult(CheckerOverlap)
 	checked, unheard := 0, 0
@@ -192,7 +193,7 @@ func CheckOverlap(s *Snapshot) Result {
 			}
 		}
 	}
-	r.Summary = fmt.Sprintf("%d holds of non-paused clients checked for overlap (%d taken away by an operator while cut off from their broker: checked until then)", checked, unheard)
+	r.Summary = fmt.Sprintf("%d holds of non-paused clients checked for overlap (%d taken away by an operator while cut off from their broker, or their broker from Consul: checked until then)", checked, unheard)
 	return r
 }
 

@@ -18,24 +18,30 @@ import (
 const takenBound = time.Second
 
 // An operator destroying a session takes the lock away in Consul at once,
-// and the broker tells the holder within takenBound: if the holder can
-// hear it. A client cut off from the broker holding its stream (a
-// partition from it, or from every broker) cannot. It believes until its
-// guaranteed deadline, and Consul's lock-delay (shorter than a
-// guaranteed_for in these runs) may let the next holder in first. Nothing
-// can do better (the broker cannot reach the client, and Consul has handed
-// the key on): only the token protects the resource then, which the
-// fencing checker checks. Such a hold's belief is checked up to the
-// destroy and not after, like a paused client's.
+// and the broker tells the holder within takenBound: if the broker can see
+// it and the holder can hear it. A client cut off from the broker holding
+// its stream (a partition from it, or from every broker) cannot hear it; a
+// broker that is paused, stopped, cut off from Consul, or whose Consul has
+// no leader (blinded) cannot see it. The client believes until its
+// guaranteed deadline, and Consul's lock-delay (2 s in these runs, shorter
+// than a guaranteed_for) may let the next holder in first. Nothing can do
+// better (nobody can tell the client, and Consul has handed the key on):
+// only the token protects the resource then, which the fencing checker
+// checks, and the proto says so (AcquireKeepalive: the guarantee is against
+// expiry, not against an operator). Such a hold's belief is checked up to
+// the destroy and not after, like a paused client's.
 
 // unheardTake returns when an admin fault took h away while h's client was
-// cut off from the broker holding it (from the destroy until the bound ran
-// out), or 0. A partition from one broker counts only when the fault
-// names the holder's broker, and that one.
+// cut off from the broker holding it, or that broker was blinded (from the
+// destroy until the bound ran out), or 0. A partition from one broker
+// counts only when the fault names the holder's broker, and that one.
 func unheardTake(s *Snapshot, h Hold, taken time.Duration) time.Duration {
 	f := adminFault(s, h)
 	if f == nil {
 		return 0
+	}
+	if blinded(s, *f, h, taken) {
+		return f.Start
 	}
 	for _, g := range s.Faults {
 		if g.Kind != FClientPartition || !slices.Contains(g.Clients, h.Client) {

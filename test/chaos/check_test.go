@@ -86,6 +86,18 @@ func TestCheckOverlap(t *testing.T) {
 			lockHold(1, 1, 10, 1, 6, EndReleased),
 			lockHold(2, 2, 31, 4.5, 7, EndReleased),
 		}, nil, nil, false},
+		{"taken by an operator while its broker was cut off from Consul: believed past the destroy", []Hold{
+			lockHold(1, 1, 10, 1, 6, EndReleased),
+			lockHold(2, 2, 51, 4.5, 7, EndReleased),
+		}, nil, nil, true},
+		{"taken by an operator while its broker was paused: believed past the destroy", []Hold{
+			lockHold(1, 1, 10, 1, 6, EndReleased),
+			lockHold(2, 2, 71, 4.5, 7, EndReleased),
+		}, nil, nil, true},
+		{"taken by an operator while another broker was cut off from Consul", []Hold{
+			lockHold(1, 1, 10, 1, 6, EndReleased),
+			lockHold(2, 2, 61, 4.5, 7, EndReleased),
+		}, nil, nil, false},
 		{"cut off and taken by an operator, but overlapped before the destroy", []Hold{
 			lockHold(1, 1, 10, 1, 6, EndReleased),
 			lockHold(2, 2, 41, 2, 2.2, EndReleased),
@@ -113,8 +125,10 @@ func TestCheckOverlap(t *testing.T) {
 
 // cutOffFaults: client 1 (holding k on broker-0 with session "sb")
 // partitioned from every broker (tok 21, 41) or from broker-1 only
-// (31) from 2.4 s, and its session destroyed at 2.5 s; lock-delay lets
-// the next holder in at 4.5 s. Any other token: no faults.
+// (31) from 2.4 s, or broker-0 cut off from Consul (51), or broker-1 cut
+// off from Consul (61), or broker-0 paused (71); its session destroyed at
+// 2.5 s; lock-delay lets the next holder in at 4.5 s. Any other token: no
+// faults.
 func cutOffFaults(tok uint64) []Fault {
 	destroy := Fault{Kind: FSessionDestroy, Session: "sb", Key: "k", Start: s(2.5), End: s(2.5), Replica: "broker-0"}
 	switch tok {
@@ -122,6 +136,12 @@ func cutOffFaults(tok uint64) []Fault {
 		return []Fault{{Kind: FClientPartition, Target: "client-1↔every broker", Clients: []int{1}, Start: s(2.4), End: s(8)}, destroy}
 	case 31:
 		return []Fault{{Kind: FClientPartition, Target: "client-1↔broker-1", Clients: []int{1}, Replica: "broker-1", Start: s(2.4), End: s(8)}, destroy}
+	case 51:
+		return []Fault{{Kind: FConsulBlackhole, Target: "broker-0↔consul", Start: s(2.4), End: s(6)}, destroy}
+	case 61:
+		return []Fault{{Kind: FConsulBlackhole, Target: "broker-1↔consul", Start: s(2.4), End: s(6)}, destroy}
+	case 71:
+		return []Fault{{Kind: FBrokerPause, Target: "broker-0", Start: s(2.4), End: s(6)}, destroy}
 	}
 	return nil
 }
