@@ -340,11 +340,12 @@ export declare type AcquireKeepalive = Message<"lockbroker.v1.AcquireKeepalive">
    * The guarantee is against expiry, not against an operator: a session
    * destroyed (or invalidated by a failing check) while the client cannot
    * hear the broker, or the broker cannot reach Consul, is gone at once,
-   * and only Consul's lock-delay keeps the next holder out meanwhile. With the defaults (lock_delay 15 s; the
-   * broker never promises more than 14.5 s) the lock-delay outlasts the
-   * deadline, as long as this event reaches the client within 0.5 s of the
-   * renewal it follows. With a shorter lock_delay, only the sequencer
-   * protects the resource in that case.
+   * and only Consul's lock-delay keeps the next holder out meanwhile. With
+   * the defaults (lock_delay 15 s; the broker never promises more than
+   * 14.5 s) the lock-delay outlasts the deadline, as long as this event
+   * reaches the client within 0.5 s of the renewal it follows. With a
+   * shorter lock_delay, only the sequencer protects the resource in that
+   * case.
    *
    * @generated from field: google.protobuf.Duration guaranteed_for = 1;
    */
