@@ -39,7 +39,6 @@ func TestGrantPastSafeDeadlineIsNotAnnounced(t *testing.T) {
 	done := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	start := time.Now()
 	go func() {
 		done <- b.Acquire(ctx, broker.AcquireSpec{Key: key, WaitForever: true,
 			NewSession: &broker.SessionSpec{Name: "late", TTL: 10 * time.Second}},
@@ -55,10 +54,11 @@ func TestGrantPastSafeDeadlineIsNotAnnounced(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no grant")
 	}
-	agent.Stop() // renewals fail from now on
-	// The session was made just before start; its safe deadline is its
-	// TTL less a second after that.
-	time.Sleep(time.Until(start.Add(10*time.Second - time.Second + 500*time.Millisecond)))
+	grantedAt := time.Now()
+	agent.Stop() // renewals fail from now on (the first is due 3.3 s after the session was made)
+	// The session was made before the grant: its safe deadline (its TTL
+	// less a second after it was made) is before grantedAt + 9 s.
+	time.Sleep(time.Until(grantedAt.Add(10*time.Second - time.Second + 500*time.Millisecond)))
 	close(proceed)
 	select {
 	case err := <-done:
