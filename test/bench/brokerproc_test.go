@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/lockbroker/lockbroker/client"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
@@ -30,17 +30,28 @@ type brokerProcess struct {
 }
 
 // startProcess runs the broker binary on agent (with flags) and returns a
-// driver on a plaintext connection to it (with dial's options too) and the
-// reader of its figures.
-func startProcess(t testing.TB, agent *consultest.Agent, flags []string, dial ...grpc.DialOption) (brokerDriver, *brokerProcess) {
+// driver on a connection to it (dial's, with opts) and the reader of its
+// figures.
+func startProcess(t testing.TB, agent *consultest.Agent, flags []string, opts ...client.DialOption) (brokerDriver, *brokerProcess) {
 	t.Helper()
 	p := brokertest.StartProcess(t, agent, brokertest.WithFlags(flags...))
-	c, err := grpc.NewClient(p.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)...)
+	return newDriver(dial(t, p.Addr, opts...)), newBrokerProcess(t, p.HTTPAddr, p.Pid())
+}
+
+// dial connects to the broker at addr as the Go client library would with
+// opts (plaintext unless they say TLS); the connection closes when t ends.
+func dial(t testing.TB, addr string, opts ...client.DialOption) *grpc.ClientConn {
+	t.Helper()
+	dopts, err := client.DialOptions(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := grpc.NewClient(addr, dopts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	return newDriver(c), newBrokerProcess(t, p.HTTPAddr, p.Pid())
+	return c
 }
 
 func newBrokerProcess(t testing.TB, httpAddr string, pid int) *brokerProcess {

@@ -13,9 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
@@ -59,12 +56,7 @@ func TestScale(t *testing.T) {
 	waitPool(t, agent)
 	clients := make([]lockbrokerv1.LockServiceClient, max(*scaleConns, 1))
 	for i := range clients {
-		conn, err := grpc.NewClient(bp.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		clients[i] = lockbrokerv1.NewLockServiceClient(conn)
+		clients[i] = lockbrokerv1.NewLockServiceClient(dial(t, bp.Addr))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -1,14 +1,12 @@
 package bench
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 
-	"google.golang.org/grpc"
-
+	"github.com/lockbroker/lockbroker/client"
 	"github.com/lockbroker/lockbroker/internal/tenant"
 )
 
@@ -16,16 +14,6 @@ import (
 // the table: a second broker binary with a tenants file, called with a
 // tenant's bearer token.
 var tableTenant = flag.Bool("table.tenant", true, "add the uncontended cycle of a tenant of a shared broker (a second broker binary with --tenants, called with a bearer token)")
-
-// bearer sends a tenant's bearer token with every call (over plaintext
-// loopback, as the broker allows).
-type bearer string
-
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-
-func (bearer) RequireTransportSecurity() bool { return false }
 
 // tenantEnv is e with its broker swapped for a second broker binary, on
 // the same agent, that serves one tenant "bench" (prefix bench/) from a
@@ -41,7 +29,9 @@ func (e *env) tenantEnv() *env {
 	}
 	te := &env{t: e.t, agent: e.agent, ac: e.ac, counter: e.counter, anchorTr: e.anchorTr, pid: e.pid,
 		streamErrs: &run{}, lossReasons: map[string]int{}}
-	te.bd, te.proc = startProcess(e.t, e.agent, []string{"--tenants", path}, grpc.WithPerRPCCredentials(bearer(token)))
+	// The token goes with every call over plaintext loopback, as the
+	// broker allows and the Go client library sends it.
+	te.bd, te.proc = startProcess(e.t, e.agent, []string{"--tenants", path}, client.WithToken(token), client.WithTokenOverPlaintext())
 	te.store = te.proc
 	return te
 }
