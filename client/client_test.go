@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -336,4 +337,40 @@ func TestCallerEndedByDeadline(t *testing.T) {
 			assert.Equal(t, tt.want, client.CallerEnded(tt.ctx, tt.err))
 		})
 	}
+}
+
+// lostBeforeGrant is a LockService whose Acquire says `queued` and then
+// `lost`, as a broker does for a grant that came after its session's safe
+// deadline (a path only a stopped broker process reaches).
+type lostBeforeGrant struct {
+	lockbrokerv1.UnimplementedLockServiceServer
+}
+
+func (lostBeforeGrant) Acquire(req *lockbrokerv1.AcquireRequest, stream grpc.ServerStreamingServer[lockbrokerv1.AcquireResponse]) error {
+	if err := stream.Send(&lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Queued{Queued: &lockbrokerv1.AcquireQueued{}}}); err != nil {
+		return err
+	}
+	return stream.Send(&lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Lost{Lost: &lockbrokerv1.AcquireLost{
+		Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Detail: "the grant came after the session's safe deadline"}}})
+}
+
+// A `lost` instead of `acquired` fails Lock with the broker's reason, not
+// with the end of the stream.
+func TestLockLostBeforeGrant(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	lockbrokerv1.RegisterLockServiceServer(srv, lostBeforeGrant{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	c := client.New(dial(t, lis.Addr().String()))
+
+	l, err := c.Lock(ctx(t), "k")
+	require.Error(t, err)
+	assert.Nil(t, l)
+	var le *client.LostError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, le.Reason)
+	assert.Equal(t, "RENEWAL_FAILED", le.Cause)
+	assert.Equal(t, "lease lost: LOST_REASON_RENEWAL_FAILED: the stream ended with lost before the grant: the grant came after the session's safe deadline", err.Error())
 }

@@ -34,8 +34,10 @@ type Lease struct {
 
 // Lock waits until it holds key (or ctx ends) and returns the lease.
 // Broker errors are *StatusError: ErrWaitTimeout after WithWaitTimeout,
-// ErrBusy with a zero wait, ErrConflict, ErrInvalidArgument, ... With
-// WithReplicas, an UNAVAILABLE replica is skipped for the next one.
+// ErrBusy with a zero wait, ErrConflict, ErrInvalidArgument, ... A grant
+// the broker could not announce safely is a *LostError (the stream said
+// `lost` instead of `acquired`). With WithReplicas, an UNAVAILABLE replica
+// is skipped for the next one.
 func (c *Client) Lock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
 	return c.acquire(ctx, key, opts)
 }
@@ -87,6 +89,15 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 				return nil, ctx.Err()
 			}
 			return nil, c.withHolders(ctx, req.GetKey(), asStatusError(err))
+		}
+		if lost := resp.GetLost(); lost != nil {
+			// The grant came too late to be safe (see AcquireLost): no
+			// lease, and the broker's reason says why.
+			stop()
+			cancel()
+			err := lostByBroker(lost)
+			err.Detail = "the stream ended with lost before the grant: " + err.Detail
+			return nil, err
 		}
 		if a := resp.GetAcquired(); a != nil {
 			if !stop() {

@@ -294,7 +294,8 @@ export class Client {
         return lease;
       }
       if (ev.case === "lost" || ev.case === "released") {
-        throw new SessionLostError(`the stream ended with ${ev.case} before the grant`, { reason: "SESSION_LOST" });
+        const why = ev.case === "lost" ? `: ${lostReasonName(ev.value.reason)}: ${ev.value.detail}` : "";
+        throw new SessionLostError(`the stream ended with ${ev.case} before the grant${why}`, { reason: "SESSION_LOST" });
       }
     }
   }

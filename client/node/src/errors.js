@@ -60,7 +60,11 @@ export class NotHolderError extends LockbrokerError {}
 export class ResumeRefusedError extends LockbrokerError {}
 /** The session does not exist (NOT_FOUND). */
 export class SessionNotFoundError extends LockbrokerError {}
-/** The request's own session was invalidated while it waited (SESSION_LOST). */
+/**
+ * The request's own session was invalidated while it waited (SESSION_LOST),
+ * or the stream said `lost` instead of `acquired` (a grant the broker could
+ * not announce safely; the message names its reason).
+ */
 export class SessionLostError extends LockbrokerError {}
 /** Not allowed, or Consul's ACLs refused the operation (PERMISSION_DENIED). */
 export class PermissionDeniedError extends LockbrokerError {}

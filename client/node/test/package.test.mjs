@@ -99,3 +99,48 @@ test("every ErrorReason of the proto has its own class", () => {
   });
   assert.deepEqual(unmapped, []);
 });
+
+// A broker says `lost` instead of `acquired` for a grant that came after its
+// session's safe deadline (a path only a stopped broker process reaches):
+// lock fails with SessionLostError naming the broker's reason and detail.
+test("a lost before the grant is SessionLostError with the broker's reason", async () => {
+  const { createServer } = await import("node:http2");
+  const { connectNodeAdapter } = await import("@connectrpc/connect-node");
+  const { LockService, LostReason } = await import("../gen/lockbroker/v1/lock_pb.js");
+  const { Client } = await import("../src/index.js");
+  const handler = connectNodeAdapter({
+    grpc: true,
+    connect: false,
+    grpcWeb: false,
+    routes(router) {
+      router.service(LockService, {
+        async *acquire() {
+          yield { event: { case: "queued", value: {} } };
+          yield {
+            event: {
+              case: "lost",
+              value: { reason: LostReason.RENEWAL_FAILED, detail: "the grant came after the session's safe deadline" },
+            },
+          };
+        },
+      });
+    },
+  });
+  const server = createServer(handler);
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const c = new Client(`127.0.0.1:${server.address().port}`, { timeoutMs: 5000 });
+  try {
+    await assert.rejects(c.lock("k", { wait: 5 }), (err) => {
+      assert.ok(err instanceof SessionLostError, String(err));
+      assert.equal(err.reason, "SESSION_LOST");
+      assert.match(
+        err.message,
+        /the stream ended with lost before the grant: RENEWAL_FAILED: the grant came after the session's safe deadline/,
+      );
+      return true;
+    });
+  } finally {
+    await c.close();
+    server.close();
+  }
+});

@@ -99,6 +99,17 @@ def lost_reason_name(value) -> str:
     return name[len(_LOST_PREFIX):] if name.startswith(_LOST_PREFIX) else name
 
 
+def before_grant(msg) -> errors.SessionLost:
+    """The error for a stream that says `lost` (or `released`) instead of
+    `acquired`: a grant the broker could not announce safely. It names the
+    broker's reason and detail."""
+    kind = msg.WhichOneof("event")
+    text = f"the stream ended with {kind} before the grant"
+    if kind == "lost":
+        text += f": {lost_reason_name(msg.lost.reason)}: {msg.lost.detail}"
+    return errors.SessionLost(text, reason="SESSION_LOST")
+
+
 def check_grant(req, seq: Sequencer):
     """A grant of the wrong kind means the broker ignored `kind` (an older
     broker): a one-slot semaphore would silently be a lock."""

@@ -217,7 +217,7 @@ class Client:
                 self._leases.add(lease)
                 return lease
             if kind in ("lost", "released"):
-                raise errors.SessionLost(f"the stream ended with {kind} before the grant", reason="SESSION_LOST")
+                raise _core.before_grant(msg)
 
     def _fill_state(self, err, key):
         """A busy answer without the LockState detail (an older broker):

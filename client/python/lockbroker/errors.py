@@ -108,7 +108,9 @@ class SessionNotFound(LockbrokerError):
 
 class SessionLost(LockbrokerError):
     """The request's own session was invalidated while it waited (ABORTED,
-    SESSION_LOST). Start again."""
+    SESSION_LOST), or the stream said `lost` instead of `acquired` (a grant
+    the broker could not announce safely; the message names its reason).
+    Start again."""
 
 
 class PermissionDenied(LockbrokerError):

@@ -1,16 +1,18 @@
 """Offline tests: the generated copy is in sync with gen/python, the
 package's imports, and the decoding of status details into exceptions."""
 
+import asyncio
 import os
 import subprocess
 import sys
+from concurrent import futures
 
 import grpc
 import pytest
 
 import lockbroker
-from lockbroker import _rpc, errors
-from lockbroker._gen.lockbroker.v1 import types_pb2
+from lockbroker import _rpc, aio, errors
+from lockbroker._gen.lockbroker.v1 import lock_pb2, lock_pb2_grpc, types_pb2
 
 
 PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,3 +150,47 @@ def test_every_error_reason_has_a_class():
     names = [n[len("ERROR_REASON_"):] for n in errors_pb2.ErrorReason.keys() if n != "ERROR_REASON_UNSPECIFIED"]
     assert names
     assert [n for n in names if n not in errors._BY_REASON] == []
+
+
+class LostBeforeGrant(lock_pb2_grpc.LockServiceServicer):
+    """Says `queued`, then `lost`, as a broker does for a grant that came
+    after its session's safe deadline (a path only a stopped broker process
+    reaches)."""
+
+    def Acquire(self, request, context):
+        yield lock_pb2.AcquireResponse(queued=lock_pb2.AcquireQueued())
+        yield lock_pb2.AcquireResponse(lost=lock_pb2.AcquireLost(
+            reason=lock_pb2.LOST_REASON_RENEWAL_FAILED, detail="the grant came after the session's safe deadline"))
+
+
+@pytest.fixture
+def lost_before_grant():
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    lock_pb2_grpc.add_LockServiceServicer_to_server(LostBeforeGrant(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+LOST_BEFORE_GRANT = ("the stream ended with lost before the grant: RENEWAL_FAILED: "
+                     "the grant came after the session's safe deadline")
+
+
+def test_lost_before_grant_is_session_lost(lost_before_grant):
+    with lockbroker.Client(lost_before_grant, timeout=5) as c:
+        with pytest.raises(lockbroker.SessionLost) as e:
+            c.lock("k", wait=5)
+    assert LOST_BEFORE_GRANT in str(e.value)
+    assert e.value.reason == "SESSION_LOST"
+
+
+def test_lost_before_grant_is_session_lost_aio(lost_before_grant):
+    async def main():
+        async with aio.Client(lost_before_grant, timeout=5) as c:
+            with pytest.raises(lockbroker.SessionLost) as e:
+                await c.lock("k", wait=5)
+        return e.value
+
+    err = asyncio.run(asyncio.wait_for(main(), 30))
+    assert LOST_BEFORE_GRANT in str(err)

@@ -426,8 +426,11 @@ public final class LockClient implements AutoCloseable {
           break;
         }
         case LOST:
+          // A grant the broker could not announce safely (AcquireLost).
           result.completeExceptionally(new LockBrokerException(Status.Code.ABORTED, "SESSION_LOST",
-              "lost before the grant: " + r.getLost().getReason() + ": " + r.getLost().getDetail()));
+              "the stream ended with lost before the grant: "
+                  + LockLostException.reasonName(r.getLost().getReason())
+                  + ": " + r.getLost().getDetail()));
           call.cancel("lost before the grant");
           break;
         default:

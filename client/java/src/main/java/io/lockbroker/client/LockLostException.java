@@ -46,9 +46,12 @@ public class LockLostException extends RuntimeException {
 
   /** A loss the broker reported. */
   static LockLostException fromBroker(String key, LostReason r, String detail) {
-    String name = r.name().startsWith("LOST_REASON_") ? r.name().substring("LOST_REASON_".length())
-        : r.name();
-    return new LockLostException(key, name, r, detail);
+    return new LockLostException(key, reasonName(r), r, detail);
+  }
+
+  /** The broker's reason without LOST_REASON_, as every library names it. */
+  static String reasonName(LostReason r) {
+    return r.name().startsWith("LOST_REASON_") ? r.name().substring("LOST_REASON_".length()) : r.name();
   }
 
   /** A loss the client decided. */

@@ -9,11 +9,19 @@ import static org.junit.jupiter.api.Assertions.fail;
 
 import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
+import io.grpc.Server;
+import io.grpc.ServerBuilder;
+import io.grpc.stub.StreamObserver;
 import io.lockbroker.testing.Broker;
 import io.lockbroker.testing.Cluster;
+import io.lockbroker.v1.AcquireLost;
+import io.lockbroker.v1.AcquireQueued;
+import io.lockbroker.v1.AcquireRequest;
+import io.lockbroker.v1.AcquireResponse;
 import io.lockbroker.v1.LockKind;
 import io.lockbroker.v1.LockServiceGrpc;
 import io.lockbroker.v1.LockState;
+import io.lockbroker.v1.LostReason;
 import io.lockbroker.v1.ReleaseRequest;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
@@ -326,6 +334,35 @@ class LockClientTest {
       } finally {
         a.cont();
       }
+    }
+  }
+
+  /**
+   * A broker says {@code lost} instead of {@code acquired} for a grant that
+   * came after its session's safe deadline (a path only a stopped broker
+   * process reaches): lock fails with SESSION_LOST naming the broker's
+   * reason and detail.
+   */
+  @Test
+  void lostBeforeTheGrantIsSessionLost() throws Exception {
+    Server server = ServerBuilder.forPort(0).addService(new LockServiceGrpc.LockServiceImplBase() {
+      @Override
+      public void acquire(AcquireRequest req, StreamObserver<AcquireResponse> out) {
+        out.onNext(AcquireResponse.newBuilder().setQueued(AcquireQueued.getDefaultInstance()).build());
+        out.onNext(AcquireResponse.newBuilder().setLost(AcquireLost.newBuilder()
+            .setReason(LostReason.LOST_REASON_RENEWAL_FAILED)
+            .setDetail("the grant came after the session's safe deadline")).build());
+        out.onCompleted();
+      }
+    }).build().start();
+    try (LockClient c = LockClient.builder().target("127.0.0.1:" + server.getPort()).build()) {
+      LockBrokerException e = assertThrows(LockBrokerException.class,
+          () -> c.lock("k", LockOptions.defaults().waitTimeout(Duration.ofSeconds(5))));
+      assertEquals("SESSION_LOST", e.reason(), e.toString());
+      assertTrue(e.getMessage().contains("the stream ended with lost before the grant: RENEWAL_FAILED: "
+          + "the grant came after the session's safe deadline"), e.getMessage());
+    } finally {
+      server.shutdownNow();
     }
   }
 }
