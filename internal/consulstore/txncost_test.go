@@ -24,8 +24,9 @@ var (
 // an idle (as a hand-off's release comes after its waiter queued): a KV
 // release as api.Lock's Unlock makes it, and transactions of 1, 2 and 4
 // ops through this Store (4 is a hand-off: unlock and the holder's record,
-// lock and the waiter's record). Kinds take turns, so each sees the same
-// machine. Run: go test ./internal/consulstore/ -run TestTxnCost -v -args -txncost
+// lock and the waiter's record), and a 1-op transaction through api.Txn
+// (what Consul's transaction endpoint costs beside its KV endpoint, with
+// the same HTTP client). Kinds take turns, so each sees the same machine. Run: go test ./internal/consulstore/ -run TestTxnCost -v -args -txncost
 func TestTxnCost(t *testing.T) {
 	if !*txnCost {
 		t.Skip("run with -txncost")
@@ -41,7 +42,7 @@ func TestTxnCost(t *testing.T) {
 	require.NoError(t, err)
 	kv := s.Client().KV()
 	rec := make([]byte, 200) // about a record's size
-	kinds := []string{"kv release", "txn 1 op (unlock)", "txn 2 ops (unlock, lock)", "txn 4 ops (hand-off shape)"}
+	kinds := []string{"kv release", "txn 1 op (unlock)", "txn 2 ops (unlock, lock)", "txn 4 ops (hand-off shape)", "api.Txn 1 op (unlock)"}
 	lat := map[string][]time.Duration{}
 	for i := range *txnCostN {
 		kind := kinds[i%len(kinds)]
@@ -67,10 +68,12 @@ func TestTxnCost(t *testing.T) {
 				{Verb: broker.OpLock, Key: k, Value: []byte("w"), Session: s2},
 				{Verb: broker.OpSet, Key: "txncost/rec/" + s2, Value: rec},
 			})
+		case 4:
+			_, _, _, err = s.Client().Txn().Txn(api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: k, Value: []byte("v"), Session: s1}}}, nil)
 		}
 		lat[kind] = append(lat[kind], time.Since(t0))
 		require.NoError(t, err)
-		if i%len(kinds) >= 2 {
+		if i%len(kinds) == 2 || i%len(kinds) == 3 {
 			_, err = s.Txn(ctx, []broker.Op{{Verb: broker.OpUnlock, Key: k, Session: s2}})
 			require.NoError(t, err)
 		}
