@@ -89,7 +89,9 @@ type Op struct {
 //   - *TxnError for a transaction Consul rolled back, with the kind of each
 //     failing operation;
 //   - ErrSessionNotFound (wrapped) from RenewSession and Session when the
-//     session does not exist;
+//     session does not exist, as a consistent read tells (a renewal's "not
+//     found" from a leader whose state is not current yet is
+//     StoreUnavailable);
 //   - the context's error when ctx ended first.
 //
 // Every method bounds its call with a timeout of its own when ctx has no

@@ -72,17 +72,35 @@ func refusesSpec(err error, spec broker.SessionSpec) bool {
 	return false
 }
 
-// RenewSession implements broker.Store.
+// RenewSession implements broker.Store. Consul's "not found" is confirmed
+// by a consistent read (see renewNotFound) before it is ErrSessionNotFound.
 func (s *Store) RenewSession(ctx context.Context, id string) (*broker.SessionInfo, error) {
 	c := s.begin(ctx, opSessionRenew, s.opts.CallTimeout)
 	e, _, err := s.c.Session().Renew(id, (&api.WriteOptions{}).WithContext(c.ctx))
 	if err == nil && e == nil {
-		err = fmt.Errorf("%w: %s", broker.ErrSessionNotFound, id)
+		err = s.renewNotFound(c, id)
 	}
 	if err = c.end(err); err != nil {
 		return nil, err
 	}
 	return sessionInfo(e), nil
+}
+
+// renewNotFound is the error for a renewal Consul answered "not found".
+// Consul answers a renewal from the leader's state without waiting for it
+// to be current (Session.Renew reads its state store as it is), and a
+// leader elected a moment ago may not have applied the log it inherited:
+// after every server restarted, a session made since the last snapshot is
+// "not found" there until the leader's first commit (make chaos, seed
+// 781186010, consul-restart-all). A consistent read waits until the leader
+// is ready for one. The session is gone only when that read says so; a
+// session it finds was not renewed, which is StoreUnavailable (retry).
+func (s *Store) renewNotFound(c *call, id string) error {
+	_, err := s.Session(c.ctx, id)
+	if err == nil {
+		return c.unavailable(0, fmt.Errorf("renewal of session %s answered \"not found\", but a consistent read finds it (a leader whose state is not current yet)", id))
+	}
+	return err
 }
 
 // DestroySession implements broker.Store.

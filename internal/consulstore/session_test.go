@@ -1,6 +1,13 @@
 package consulstore
 
 import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,4 +73,54 @@ func TestSessionLifecycle(t *testing.T) {
 	_, err = s.RenewSession(ctx, "")
 	requireStoreError(t, err, broker.StoreRejected, "session renew")
 	t.Log(err)
+}
+
+// TestRenewNotFoundIsConfirmed: Consul's "not found" for a renewal is
+// ErrSessionNotFound only when a consistent read agrees. A leader elected
+// a moment ago answers renewals from a state that may lack the newest
+// sessions (make chaos found one after a restart of every server); here a
+// proxy in front of a real agent gives the first renewal of a live session
+// that answer, Consul's own 404. It must be StoreUnavailable (retry), and
+// the next renewal renews; a destroyed session is still ErrSessionNotFound.
+func TestRenewNotFoundIsConfirmed(t *testing.T) {
+	t.Parallel()
+	agent := consultest.Start(t)
+	target, err := url.Parse("http://" + agent.HTTPAddr())
+	require.NoError(t, err)
+	var stale atomic.Int32 // renewals still to answer "not found"
+	rp := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/session/renew/"); ok && stale.Add(-1) >= 0 {
+			http.Error(w, fmt.Sprintf("Session id '%s' not found", id), http.StatusNotFound)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	cfg := agent.Config()
+	cfg.Address = strings.TrimPrefix(proxy.URL, "http://")
+	s := openConfig(t, cfg, Options{})
+	ctx := t.Context()
+
+	id, err := s.CreateSession(ctx, broker.SessionSpec{TTL: 10 * time.Second})
+	require.NoError(t, err)
+	before := s.OpCounts()
+	stale.Store(1)
+	_, err = s.RenewSession(ctx, id)
+	requireStoreError(t, err, broker.StoreUnavailable, "session renew")
+	assert.NotErrorIs(t, err, broker.ErrSessionNotFound)
+	assert.ErrorContains(t, err, "a consistent read finds it")
+	after := s.OpCounts()
+	assert.Equal(t, before["session_renew"]+1, after["session_renew"])
+	assert.Equal(t, before["session_info"]+1, after["session_info"], "one consistent read confirms")
+
+	info, err := s.RenewSession(ctx, id)
+	require.NoError(t, err, "the next renewal renews")
+	assert.Equal(t, id, info.ID)
+	assert.Equal(t, after["session_info"], s.OpCounts()["session_info"], "a renewal that renews reads nothing")
+
+	require.NoError(t, s.DestroySession(ctx, id))
+	_, err = s.RenewSession(ctx, id)
+	assert.ErrorIs(t, err, broker.ErrSessionNotFound, "a destroyed session is gone")
+	assert.Equal(t, after["session_info"]+1, s.OpCounts()["session_info"])
 }
