@@ -49,7 +49,7 @@ type Broker struct {
 
 	cacheMu sync.Mutex
 	grants  map[string]grantInfo // see fillTokens
-	recent  map[string]time.Time // releases this replica made, see Release
+	recent  recentReleases       // releases this replica made, see Release
 
 	pools        *pools // nil unless WithSessionPool
 	promiseBound time.Duration
@@ -115,7 +115,7 @@ func New(store Store, log *zap.Logger, opts ...Option) *Broker {
 		waiting:      make(map[*hold]struct{}),
 		tenantStore:  o.tenantStore,
 		grants:       make(map[string]grantInfo),
-		recent:       make(map[string]time.Time),
+		recent:       newRecentReleases(),
 		promiseBound: max(o.promiseBound, time.Second),
 	}
 	jctx, cancel := context.WithCancel(context.Background())
