@@ -1002,7 +1002,10 @@ type ReleaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// True when the session held the key and now does not; false when it was
 	// already released (Release is idempotent for the holder's session: a
-	// retry after success returns OK with false).
+	// retry after success returns OK with false). Once the session is gone
+	// (a broker-owned session may end with its hold), the replica that
+	// released it still answers a retry with false for a minute (its last
+	// 100,000 releases); another replica answers NOT_FOUND.
 	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

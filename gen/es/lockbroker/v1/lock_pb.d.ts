@@ -476,7 +476,10 @@ export declare type ReleaseResponse = Message<"lockbroker.v1.ReleaseResponse"> &
   /**
    * True when the session held the key and now does not; false when it was
    * already released (Release is idempotent for the holder's session: a
-   * retry after success returns OK with false).
+   * retry after success returns OK with false). Once the session is gone
+   * (a broker-owned session may end with its hold), the replica that
+   * released it still answers a retry with false for a minute (its last
+   * 100,000 releases); another replica answers NOT_FOUND.
    *
    * @generated from field: bool released = 1;
    */
