@@ -92,8 +92,11 @@ func TestBenchTable(t *testing.T) {
 		},
 		func(n int) *run {
 			return e.sequential(n, true, func(int) error { return e.bd.cycle("bench/unc/broker", 0) })
+		},
+		func(n int) *run {
+			return e.sequential(n, true, func(int) error { return e.bd.libCycle("bench/unc/lib") })
 		})
-	apiUnc, flUnc, brUnc := unc[0], unc[1], unc[2]
+	apiUnc, flUnc, brUnc, libUnc := unc[0], unc[1], unc[2], unc[3]
 
 	// The same cycle as a tenant of a shared broker, against api.Lock.
 	var apiTen, brTen *run
@@ -171,6 +174,7 @@ func TestBenchTable(t *testing.T) {
 	}
 	lat(fmt.Sprintf("uncontended cycle p50 ms (n=%d)", *tableCycles), &brUnc.lat, &apiUnc.lat, &flUnc.lat, 0.5, "≤1.0× api (stretch ≤1.5× floor)")
 	lat("uncontended cycle p99 ms", &brUnc.lat, &apiUnc.lat, &flUnc.lat, 0.99, "")
+	lat(fmt.Sprintf("uncontended cycle, Go client library, p50 ms (n=%d)", *tableCycles), &libUnc.lat, &apiUnc.lat, &flUnc.lat, 0.5, "")
 	if brTen != nil {
 		lat(fmt.Sprintf("uncontended cycle, shared broker's tenant, p50 ms (n=%d)", *tableCycles), &brTen.lat, &apiTen.lat, &flUnc.lat, 0.5, "")
 	}
@@ -216,6 +220,7 @@ func TestBenchTable(t *testing.T) {
 	costRow("uncontended: broker", brUnc)
 	costRow("uncontended: api.Lock", apiUnc)
 	costRow("uncontended: floor", flUnc)
+	costRow("uncontended: broker, Go client library", libUnc)
 	if brTen != nil {
 		costRow("uncontended, tenant: broker", brTen)
 		costRow("uncontended, tenant: api.Lock", apiTen)
@@ -273,7 +278,7 @@ func TestBenchTable(t *testing.T) {
 		name string
 		r    *run
 	}{
-		{"uncontended broker", brUnc}, {"uncontended api.Lock", apiUnc}, {"uncontended floor", flUnc},
+		{"uncontended broker", brUnc}, {"uncontended api.Lock", apiUnc}, {"uncontended floor", flUnc}, {"uncontended Go client library", libUnc},
 		{"uncontended tenant broker", brTen}, {"uncontended tenant api.Lock", apiTen},
 		{"hand-off broker", brHo}, {"hand-off api.Lock", apiHo},
 		{"16 clients broker", par[16][2]}, {"16 clients api.Lock", par[16][0]}, {"16 clients floor", par[16][1]},
@@ -365,7 +370,8 @@ func (e *env) header(out *strings.Builder) {
 		out.WriteString("# broker: one in-process replica (internal/brokertest, -table.inprocess) on a loopback gRPC listener;\n")
 	}
 	out.WriteString("#   raw gen/lockbroker/v1 stubs over one connection; Acquire with default session options (no session field),\n")
-	out.WriteString("#   Release with session + token, wait `released`.\n")
+	out.WriteString("#   Release with session + token, wait `released`. The Go client library row: client.Lock + Lease.Release on the\n")
+	out.WriteString("#   same connection (a goroutine follows the stream; Release returns after `released`).\n")
 	out.WriteString("# consul api: api.Lock / api.Semaphore as users write them: LockOpts/SemaphoreOpts{SessionTTL: 15s} per cycle (a fresh\n")
 	out.WriteString("#   session each time, default lock-delay), Lock/Acquire then Unlock/Release; one api.Client, pooled transport (128 idle/host).\n")
 	out.WriteString("# floor: KV acquire + KV release with one session kept across cycles (two Raft writes).\n")

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/consul/api"
 	"google.golang.org/grpc"
 
+	"github.com/lockbroker/lockbroker/client"
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 )
 
@@ -27,11 +28,29 @@ const opTimeout = 30 * time.Second
 type brokerDriver struct {
 	locks    lockbrokerv1.LockServiceClient
 	sessions lockbrokerv1.SessionServiceClient
+	lib      *client.Client // the Go client library on the same connection
 }
 
 // newDriver is the driver of conn.
 func newDriver(conn grpc.ClientConnInterface) brokerDriver {
-	return brokerDriver{locks: lockbrokerv1.NewLockServiceClient(conn), sessions: lockbrokerv1.NewSessionServiceClient(conn)}
+	return brokerDriver{locks: lockbrokerv1.NewLockServiceClient(conn), sessions: lockbrokerv1.NewSessionServiceClient(conn),
+		lib: client.New(conn)}
+}
+
+// libCycle is one uncontended cycle as a user of the Go client library
+// writes it: Lock, then Release (which returns once the stream has said
+// `released`).
+func (d brokerDriver) libCycle(key string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	l, err := d.lib.Lock(ctx, key)
+	if err != nil {
+		return fmt.Errorf("client.Lock %s: %w", key, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		return fmt.Errorf("Lease.Release %s: %w", key, err)
+	}
+	return nil
 }
 
 // brokerHold is an open Acquire stream that got `acquired`.
