@@ -252,12 +252,30 @@ func (b *Broker) janitor(ctx context.Context, every time.Duration) {
 				continue
 			}
 			rec := decodeRecord(e.Key[len(recordPrefix):], e)
-			for key := range rec.Holds {
-				b.cleanSemaphore(ctx, key, rec.session)
-			}
-			dead = append(dead, Op{Verb: OpDeleteCAS, Key: e.Key, Index: e.ModifyIndex})
+			b.cleanSemaphores(ctx, rec)
+			dead = append(dead, rec.deleteOps()...)
 		}
 		b.deleteRecords(ctx, b.store, dead)
+	}
+}
+
+// dropDead removes the record of session if its end left it behind (it
+// has no session), and the semaphore slots the record lists: the
+// janitor's work, done at once.
+func (b *Broker) dropDead(ctx context.Context, st Store, session string) {
+	rec, err := b.readRecord(ctx, session)
+	if err != nil || rec.index == 0 || rec.live {
+		return
+	}
+	b.cleanSemaphores(ctx, rec)
+	_, _ = st.Txn(ctx, rec.deleteOps())
+}
+
+// cleanSemaphores removes an ended session from every semaphore its
+// record lists.
+func (b *Broker) cleanSemaphores(ctx context.Context, rec *record) {
+	for key := range rec.Holds {
+		b.cleanSemaphore(ctx, key, rec.session)
 	}
 }
 

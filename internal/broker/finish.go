@@ -235,7 +235,5 @@ func (h *hold) dropDeadRecord(ctx context.Context) {
 	if !h.unsure {
 		return
 	}
-	if rec, err := h.b.readRecord(ctx, h.session); err == nil && rec.index != 0 && !rec.live {
-		_, _ = h.st.Txn(ctx, rec.deleteOps())
-	}
+	h.b.dropDead(ctx, h.st, h.session)
 }

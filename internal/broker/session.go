@@ -78,20 +78,53 @@ func (b *Broker) RenewSession(ctx context.Context, id string) (*SessionInfo, err
 	return b.storeFor(TenantFrom(ctx)).RenewSession(ctx, id)
 }
 
-// DestroySession destroys a session (idempotent), and first its record.
+// DestroySession destroys a session (idempotent), then its record.
+//
+// A tenant may destroy its own sessions only: one whose record names it,
+// or one that no longer exists (a retry). A session with no record was
+// made outside the broker and is no tenant's: NOT_FOUND, as GetSession
+// answers for it.
+//
+// The session goes first. Its record is acquired by it, so Consul releases
+// (or deletes) the record in the same write that ends the session: no
+// failure leaves a live session without its record, and a retry finds the
+// record, dead, and the session gone. Holds of the session see either
+// record as their session's end (SESSION_INVALIDATED). The dead record is
+// then removed at once (the janitor would, later).
 func (b *Broker) DestroySession(ctx context.Context, id string) error {
+	tenant := TenantFrom(ctx)
 	rec, err := b.readRecord(ctx, id)
 	if err != nil {
 		return err
 	}
-	if TenantFrom(ctx) != "" && rec.index != 0 && rec.Tenant != TenantFrom(ctx) {
-		return sessionError(ErrSessionNotFound, id)
+	if tenant != "" && rec.index == 0 {
+		return b.destroyedAlready(ctx, id)
 	}
-	st := b.storeFor(TenantFrom(ctx))
+	if err := rec.allows(tenant); err != nil {
+		return err
+	}
+	st := b.storeFor(tenant)
+	if err := st.DestroySession(ctx, id); err != nil {
+		return err
+	}
 	if rec.index != 0 {
-		_, _ = st.Txn(ctx, rec.deleteOps())
+		b.dropDead(ctx, st, id)
 	}
-	return st.DestroySession(ctx, id)
+	return nil
+}
+
+// destroyedAlready answers a tenant's DestroySession of a session without
+// a record: success when the session does not exist (any more),
+// NOT_FOUND when it does (made outside the broker).
+func (b *Broker) destroyedAlready(ctx context.Context, id string) error {
+	_, err := b.store.Session(ctx, id)
+	switch {
+	case isNotFound(err):
+		return nil
+	case err != nil:
+		return err
+	}
+	return sessionError(ErrSessionNotFound, id)
 }
 
 // GetSession describes a session.

@@ -269,6 +269,64 @@ func TestSharedService(t *testing.T) {
 		require.NoError(t, err, "the owner still can")
 	})
 
+	t.Run("DestroySession: a session made outside the broker is no tenant's; a retry and one after a half-done destroy succeed", func(t *testing.T) {
+		mgmt, err := api.NewClient(s.agent.ManagementConfig())
+		require.NoError(t, err)
+		ps := lockbrokerv1.NewSessionServiceClient(payments)
+		recordOf := func(sid string) *api.KVPair {
+			e, _, err := mgmt.KV().Get("lockbroker/sessions/"+sid, &api.QueryOptions{RequireConsistent: true})
+			require.NoError(t, err)
+			return e
+		}
+
+		// An api.Lock user's hold on the tenant's own prefix: the tenant
+		// sees the session's id, and still cannot end it.
+		lk, err := mgmt.LockKey("payments/outside")
+		require.NoError(t, err)
+		_, err = lk.Lock(nil)
+		require.NoError(t, err)
+		defer func() { _ = lk.Unlock() }()
+		got, err := pl.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "payments/outside"})
+		require.NoError(t, err)
+		require.Len(t, got.GetState().GetHolders(), 1)
+		outside := got.GetState().GetHolders()[0].GetSessionId()
+		_, err = ps.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: outside})
+		requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+		se, _, err := mgmt.Session().Info(outside, &api.QueryOptions{RequireConsistent: true})
+		require.NoError(t, err)
+		require.NotNil(t, se, "the outside session still lives")
+		e, _, err := mgmt.KV().Get("payments/outside", &api.QueryOptions{RequireConsistent: true})
+		require.NoError(t, err)
+		assert.Equal(t, outside, e.Session, "and still holds its key")
+
+		// The tenant's own session, destroyed and destroyed again (a retry).
+		created, err := ps.CreateSession(ctx, &lockbrokerv1.CreateSessionRequest{})
+		require.NoError(t, err)
+		sid := created.GetSession().GetId()
+		require.NotNil(t, recordOf(sid))
+		_, err = ps.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: sid})
+		require.NoError(t, err)
+		_, err = ps.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: sid})
+		require.NoError(t, err, "a retry succeeds")
+		assert.Nil(t, recordOf(sid), "no record is left")
+
+		// A destroy cut off after the session ended and before its record
+		// was deleted: Consul released the record, which names its tenant.
+		created, err = ps.CreateSession(ctx, &lockbrokerv1.CreateSessionRequest{})
+		require.NoError(t, err)
+		sid = created.GetSession().GetId()
+		_, err = mgmt.Session().Destroy(sid, nil)
+		require.NoError(t, err)
+		dead := recordOf(sid)
+		require.NotNil(t, dead, "the broker's janitor ran in between (every 15 s)")
+		require.Empty(t, dead.Session)
+		_, err = lockbrokerv1.NewSessionServiceClient(orders).DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: sid})
+		requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+		_, err = ps.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: sid})
+		require.NoError(t, err, "the owner's retry succeeds")
+		assert.Nil(t, recordOf(sid), "and deletes the dead record")
+	})
+
 	t.Run("over max_holds is RESOURCE_EXHAUSTED with QuotaFailure and RetryInfo", func(t *testing.T) {
 		qctx, cancel := context.WithCancel(ctx)
 		for _, k := range []string{"payments/q1", "payments/q2"} {

@@ -44,7 +44,10 @@ type SessionServiceClient interface {
 	RenewSession(ctx context.Context, in *RenewSessionRequest, opts ...grpc.CallOption) (*RenewSessionResponse, error)
 	// DestroySession destroys a session: Consul releases (or deletes, with
 	// behavior DELETE) every key it holds, and applies the lock-delay.
-	// Destroying an unknown session succeeds (idempotent).
+	// Destroying an unknown session succeeds (idempotent). Errors, on a
+	// shared broker: NOT_FOUND for a session of another tenant, and for a
+	// session made outside the broker (directly in Consul), which is no
+	// tenant's.
 	DestroySession(ctx context.Context, in *DestroySessionRequest, opts ...grpc.CallOption) (*DestroySessionResponse, error)
 	// GetSession describes a session. Errors: NOT_FOUND when it does not
 	// exist.
@@ -131,7 +134,10 @@ type SessionServiceServer interface {
 	RenewSession(context.Context, *RenewSessionRequest) (*RenewSessionResponse, error)
 	// DestroySession destroys a session: Consul releases (or deletes, with
 	// behavior DELETE) every key it holds, and applies the lock-delay.
-	// Destroying an unknown session succeeds (idempotent).
+	// Destroying an unknown session succeeds (idempotent). Errors, on a
+	// shared broker: NOT_FOUND for a session of another tenant, and for a
+	// session made outside the broker (directly in Consul), which is no
+	// tenant's.
 	DestroySession(context.Context, *DestroySessionRequest) (*DestroySessionResponse, error)
 	// GetSession describes a session. Errors: NOT_FOUND when it does not
 	// exist.

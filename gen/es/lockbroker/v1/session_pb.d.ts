@@ -349,7 +349,10 @@ export declare const SessionService: GenService<{
   /**
    * DestroySession destroys a session: Consul releases (or deletes, with
    * behavior DELETE) every key it holds, and applies the lock-delay.
-   * Destroying an unknown session succeeds (idempotent).
+   * Destroying an unknown session succeeds (idempotent). Errors, on a
+   * shared broker: NOT_FOUND for a session of another tenant, and for a
+   * session made outside the broker (directly in Consul), which is no
+   * tenant's.
    *
    * @generated from rpc lockbroker.v1.SessionService.DestroySession
    */

@@ -74,7 +74,10 @@ class SessionServiceServicer(object):
     def DestroySession(self, request, context):
         """DestroySession destroys a session: Consul releases (or deletes, with
         behavior DELETE) every key it holds, and applies the lock-delay.
-        Destroying an unknown session succeeds (idempotent).
+        Destroying an unknown session succeeds (idempotent). Errors, on a
+        shared broker: NOT_FOUND for a session of another tenant, and for a
+        session made outside the broker (directly in Consul), which is no
+        tenant's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
