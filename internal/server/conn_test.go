@@ -1,0 +1,182 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
+)
+
+var _ mem.BufferPool = (*countingPool)(nil)
+
+// countingPool is a mem.BufferPool that counts what is out.
+type countingPool struct{ out atomic.Int64 }
+
+func (p *countingPool) Get(n int) *[]byte {
+	p.out.Add(1)
+	b := make([]byte, n)
+	return &b
+}
+
+func (p *countingPool) Put(*[]byte) { p.out.Add(-1) }
+
+// acceptTracked is a connected pair: the accepted side through
+// TrackConns, and the dialled side.
+func acceptTracked(t *testing.T) (*trackedConn, net.Conn) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer lis.Close()
+	peer, err := net.Dial("tcp", lis.Addr().String())
+	require.NoError(t, err)
+	c, err := TrackConns(lis).Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(); _ = peer.Close() })
+	return c.(*trackedConn), peer
+}
+
+// TestTrackedConnReadOnReady: the read gRPC makes on a tracked connection
+// waits for data before it takes a buffer, returns what arrived, and ends
+// with io.EOF when the peer closes and with an error when the connection
+// is closed under it; no buffer stays out of the pool in any case.
+func TestTrackedConnReadOnReady(t *testing.T) {
+	t.Run("data, then EOF", func(t *testing.T) {
+		c, peer := acceptTracked(t)
+		require.NotNil(t, c.raw, "a TCP connection reads through its file descriptor")
+		pool := &countingPool{}
+		want := bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB: several reads of 16 KiB
+		go func() {
+			_, _ = peer.Write(want)
+			_ = peer.Close()
+		}()
+		var got []byte
+		for {
+			buf, n, err := c.ReadOnReady(16<<10, pool)
+			if n > 0 {
+				got = append(got, (*buf)[:n]...)
+				pool.Put(buf)
+			}
+			if err != nil {
+				require.ErrorIs(t, err, io.EOF)
+				break
+			}
+			require.Positive(t, n)
+		}
+		assert.Equal(t, want, got)
+		assert.Zero(t, pool.out.Load(), "buffers out of the pool")
+	})
+
+	t.Run("closed while it waits", func(t *testing.T) {
+		c, _ := acceptTracked(t)
+		pool := &countingPool{}
+		errc := make(chan error, 1)
+		go func() {
+			_, _, err := c.ReadOnReady(1024, pool)
+			errc <- err
+		}()
+		time.Sleep(50 * time.Millisecond)
+		assert.Zero(t, pool.out.Load(), "no buffer is taken before data arrives")
+		require.NoError(t, c.Close())
+		select {
+		case err := <-errc:
+			require.True(t, errors.Is(err, net.ErrClosed), "%v", err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the read did not end when the connection closed")
+		}
+		assert.Zero(t, pool.out.Load())
+		select {
+		case <-c.gone:
+		default:
+			t.Fatal("closing did not mark the connection gone")
+		}
+	})
+
+	t.Run("a deadline ends it", func(t *testing.T) {
+		c, _ := acceptTracked(t)
+		pool := &countingPool{}
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(20*time.Millisecond)))
+		_, n, err := c.ReadOnReady(1024, pool)
+		assert.Zero(t, n)
+		var ne net.Error
+		require.True(t, errors.As(err, &ne) && ne.Timeout(), "%v", err)
+		assert.Zero(t, pool.out.Load())
+	})
+}
+
+// TestIdleConnectionsHoldNoReadBuffer: gRPC connections served through
+// TrackConns hold no read buffer while they wait, as bare TCP connections
+// do not in gRPC. Every allocation is recorded (MemProfileRate 1), and
+// none of gRPC's buffered readers may still be live with streams open and
+// idle.
+func TestIdleConnectionsHoldNoReadBuffer(t *testing.T) {
+	rate := runtime.MemProfileRate
+	runtime.MemProfileRate = 1
+	defer func() { runtime.MemProfileRate = rate }()
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := grpc.NewServer()
+	healthpb.RegisterHealthServer(g, health.NewServer())
+	served := make(chan struct{})
+	go func() { defer close(served); _ = g.Serve(TrackConns(lis)) }()
+	defer func() { g.Stop(); <-served }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const conns = 20
+	for range conns {
+		cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		defer cc.Close()
+		st, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{})
+		require.NoError(t, err)
+		_, err = st.Recv()
+		require.NoError(t, err)
+	}
+	time.Sleep(100 * time.Millisecond) // the server's reads are back waiting
+	runtime.GC()
+	runtime.GC() // the profile shows the heap as of the last completed cycle
+
+	recs := make([]runtime.MemProfileRecord, 4096)
+	n, ok := runtime.MemProfile(recs, false)
+	for !ok {
+		recs = make([]runtime.MemProfileRecord, n+1024)
+		n, ok = runtime.MemProfile(recs, false)
+	}
+	var live, liveBytes int64
+	for _, r := range recs[:n] {
+		if r.InUseObjects() == 0 {
+			continue
+		}
+		frames := runtime.CallersFrames(r.Stack())
+		var stack []string
+		for {
+			f, more := frames.Next()
+			stack = append(stack, f.Function)
+			if !more {
+				break
+			}
+		}
+		s := strings.Join(stack, " < ")
+		if strings.Contains(s, "bufio.NewReaderSize") && strings.Contains(s, "grpc/internal/transport.newFramer") {
+			live += r.InUseObjects()
+			liveBytes += r.InUseBytes()
+			t.Logf("live: %d objects, %d bytes: %s", r.InUseObjects(), r.InUseBytes(), s)
+		}
+	}
+	assert.Zero(t, live, "gRPC read buffers live with %d idle connections: %d bytes", conns, liveBytes)
+}
