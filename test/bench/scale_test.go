@@ -25,7 +25,7 @@ var (
 	scaleWindow       = flag.Duration("scale.window", 60*time.Second, "how long the holds are kept once all are acquired")
 	scaleAcquireLimit = flag.Duration("scale.acquire-limit", 3*time.Minute, "how long to wait for every hold to be acquired")
 	scaleLoss         = flag.Int("scale.loss", 10, "loss-notice samples on holds without a watcher, after the window")
-	scaleConns        = flag.Int("scale.conns", 1, "client gRPC connections the holds and watchers are spread over")
+	scaleConns        = flag.Int("scale.conns", 100, "client gRPC connections the holds and watchers are spread over (100 clients of 100 holds and 10 watchers each)")
 )
 
 // scaleHold is one hold's stream as its reader goroutine sees it.
