@@ -40,7 +40,7 @@ func TestGrantPastSafeDeadlineIsNotAnnounced(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		done <- b.Acquire(ctx, broker.AcquireSpec{Key: key, WaitForever: true,
+		done <- b.Acquire(ctx, &broker.AcquireSpec{Key: key, WaitForever: true,
 			NewSession: &broker.SessionSpec{Name: "late", TTL: 10 * time.Second}},
 			func(e broker.Event) error {
 				mu.Lock()

@@ -19,7 +19,8 @@ const slowLossStep = lossReadTimeout / 2
 
 // keep holds the grant until its outcome is decided, then carries it out.
 // It returns nil after `lost` or `released`, and ctx's error when the
-// client went away.
+// client went away. Its frame is on the stack for the hold's life (see
+// Acquire): what a case does beyond a call is in a method of its own.
 func (h *hold) keep(ctx context.Context) error {
 	k := h.newKeeper(ctx)
 	defer k.stop()
@@ -42,24 +43,34 @@ func (h *hold) keep(ctx context.Context) error {
 		case <-k.tick:
 			k.keepalive(ctx, h.ren.safeUntil())
 		case err := <-k.failed:
-			if errors.Is(err, ErrSessionNotFound) {
-				// The key's watch should have told first (its loss bound
-				// is 1 s, a renewal comes every TTL/3): say how it was
-				// watched.
-				h.b.log.Warn("session gone, noticed by its renewal before the key's watch",
-					append([]zap.Field{zap.String("key", h.spec.Key), zap.String("session", h.session)}, h.sub.describe()...)...)
-				h.life.End(lost(LostSessionInvalidated, "the session no longer exists in Consul"))
-			} else {
-				h.life.End(lost(LostRenewalFailed, err.Error()))
-			}
+			k.renewalFailed(err)
 		case <-k.deadline.C:
-			h.life.End(lost(LostRenewalFailed, fmt.Sprintf("no session renewal succeeded within the TTL (%s) less the safety margin; giving the hold up before Consul may grant it to another", h.ttl)))
+			k.pastDeadline()
 		case <-h.sub.wake:
 			h.checkLoss(ctx)
 		case <-h.guard.moved:
 			h.checkOwner(ctx)
 		}
 	}
+}
+
+// renewalFailed ends the hold whose renewal failed for good.
+func (k *keeper) renewalFailed(err error) {
+	h := k.h
+	if errors.Is(err, ErrSessionNotFound) {
+		// The key's watch should have told first (its loss bound is 1 s,
+		// a renewal comes every TTL/3): say how it was watched.
+		h.b.log.Warn("session gone, noticed by its renewal before the key's watch",
+			append([]zap.Field{zap.String("key", h.spec.Key), zap.String("session", h.session)}, h.sub.describe()...)...)
+		h.life.End(lost(LostSessionInvalidated, "the session no longer exists in Consul"))
+		return
+	}
+	h.life.End(lost(LostRenewalFailed, err.Error()))
+}
+
+// pastDeadline ends the hold no renewal kept safe.
+func (k *keeper) pastDeadline() {
+	k.h.life.End(lost(LostRenewalFailed, fmt.Sprintf("no session renewal succeeded within the TTL (%s) less the safety margin; giving the hold up before Consul may grant it to another", k.h.ttl)))
 }
 
 // keeper is keep's state: the channels it selects on. Each of canceled

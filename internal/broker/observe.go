@@ -23,6 +23,14 @@ func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(s
 	if !prefix {
 		return b.watchKey(ctx, s, deriveState(key, entries, idx), send)
 	}
+	return b.watchPrefix(ctx, s, key, entries, idx, send)
+}
+
+// watchPrefix follows every key under key/ (and key itself), from their
+// consistent listing entries at idx. It is a function of its own so that
+// Watch's frame, parked under it for the watch's life, stays small (see
+// Acquire).
+func (b *Broker) watchPrefix(ctx context.Context, s *sub, key string, entries []*Entry, idx uint64, send func(*State, uint64) error) error {
 	last := map[string]*State{}
 	for k, st := range subStates(key, entries, idx) {
 		b.fillTokens(ctx, st)

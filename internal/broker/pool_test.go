@@ -104,7 +104,7 @@ func TestTenantSessionPools(t *testing.T) {
 	held := make(chan broker.Sequencer, 1)
 	cDone := make(chan error, 1)
 	go func() {
-		cDone <- b.Acquire(ctxC, broker.AcquireSpec{Key: "c/held", WaitForever: true}, func(e broker.Event) error {
+		cDone <- b.Acquire(ctxC, &broker.AcquireSpec{Key: "c/held", WaitForever: true}, func(e broker.Event) error {
 			if e.Kind == broker.EventAcquired {
 				held <- e.Sequencer
 			}
@@ -170,7 +170,7 @@ func cycle(t *testing.T, b *broker.Broker, ctx context.Context, key string) brok
 	events := make(chan broker.Event, 16)
 	done := make(chan error, 1)
 	go func() {
-		done <- b.Acquire(ctx, broker.AcquireSpec{Key: key, WaitForever: true}, func(e broker.Event) error {
+		done <- b.Acquire(ctx, &broker.AcquireSpec{Key: key, WaitForever: true}, func(e broker.Event) error {
 			events <- e
 			return nil
 		})
@@ -258,7 +258,7 @@ func TestTenantPoolBacksOffFailedFill(t *testing.T) {
 	t.Cleanup(b.Close)
 	ctx, cancel := context.WithTimeout(broker.ContextWithTenant(context.Background(), "d"), 10*time.Second)
 	defer cancel()
-	err = b.Acquire(ctx, broker.AcquireSpec{Key: "d/k", WaitForever: true}, func(broker.Event) error { return nil })
+	err = b.Acquire(ctx, &broker.AcquireSpec{Key: "d/k", WaitForever: true}, func(broker.Event) error { return nil })
 	require.Error(t, err, "no session can be made")
 	time.Sleep(4 * time.Second) // four ticks of the pool
 	assert.LessOrEqual(t, dead.OpCounts()["session_create"], uint64(2), "the request's attempt and one fill, not one a tick")

@@ -67,7 +67,7 @@ func (s *staleKey) acquire() staleHold {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = s.b.Acquire(ctx, broker.AcquireSpec{Key: s.key, WaitForever: true}, func(e broker.Event) error {
+		_ = s.b.Acquire(ctx, &broker.AcquireSpec{Key: s.key, WaitForever: true}, func(e broker.Event) error {
 			events <- e
 			return nil
 		})

@@ -92,20 +92,6 @@ func (a *access) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	return resp, err
 }
 
-func (a *access) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if exempt(info.FullMethod) {
-		return handler(srv, ss)
-	}
-	c := newCall(ss.Context(), info.FullMethod)
-	defer c.done() // also when the handler panics (recovery is outside)
-	ctx, err := a.admitCall(ss.Context(), c)
-	if err == nil {
-		err = handler(srv, &guardedStream{ServerStream: ss, ctx: ctx, a: a, c: c})
-	}
-	a.finish(c, err)
-	return err
-}
-
 func newCall(ctx context.Context, method string) *call {
 	return &call{method: method, ctx: ctx}
 }
@@ -135,42 +121,6 @@ func (c *call) done() {
 	if c.track != nil {
 		c.track.end()
 	}
-}
-
-// guardedStream checks the request when the handler receives it, and
-// hands the broker the tenant through its context.
-type guardedStream struct {
-	grpc.ServerStream
-	ctx      context.Context
-	a        *access
-	c        *call
-	received bool
-}
-
-func (s *guardedStream) Context() context.Context { return s.ctx }
-
-func (s *guardedStream) RecvMsg(m any) error {
-	if err := s.ServerStream.RecvMsg(m); err != nil {
-		return err
-	}
-	if s.received {
-		return nil
-	}
-	s.received = true
-	s.c.req, s.c.hasNamed = m, false
-	if err := s.a.admitRequest(s.ctx, s.c); err != nil {
-		s.a.drop(m)
-		return err
-	}
-	return nil
-}
-
-func (s *guardedStream) SendMsg(m any) error {
-	err := s.ServerStream.SendMsg(m)
-	if r, ok := m.(*lockbrokerv1.AcquireResponse); ok && err == nil && s.c.track != nil {
-		s.c.track.event(r)
-	}
-	return err
 }
 
 // admitCall identifies the caller and checks that it may call the

@@ -23,7 +23,7 @@ import (
 // grpc.code, grpc.error, grpc.time_ms). Unlike that interceptor it builds
 // nothing before it knows the line is written: a call whose level the
 // logger does not write costs a clock read and a level check, no
-// allocation and no write. Streams are not wrapped.
+// allocation and no write. Streams are not wrapped (see streams).
 type accessLog struct{ log *zap.Logger }
 
 func (l accessLog) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -31,13 +31,6 @@ func (l accessLog) unary(ctx context.Context, req any, info *grpc.UnaryServerInf
 	resp, err := handler(ctx, req)
 	l.finish(ctx, info.FullMethod, "unary", start, err)
 	return resp, err
-}
-
-func (l accessLog) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	start := time.Now()
-	err := handler(srv, ss)
-	l.finish(ss.Context(), info.FullMethod, methodType(info.IsClientStream, info.IsServerStream), start, err)
-	return err
 }
 
 // finish writes the line of a call that ended with err, if its level is on.

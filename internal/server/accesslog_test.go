@@ -24,6 +24,13 @@ import (
 // dials it.
 func startPlain(t *testing.T, log *zap.Logger) (*Server, *grpc.ClientConn) {
 	t.Helper()
+	return startPlainWith(t, log, nil)
+}
+
+// startPlainWith is startPlain with register, if not nil, called before
+// the server serves (to add a service of the test's own).
+func startPlainWith(t *testing.T, log *zap.Logger, register func(*grpc.Server)) (*Server, *grpc.ClientConn) {
+	t.Helper()
 	agent := consultest.Start(t)
 	store, err := consulstore.Open(agent.Config(), consulstore.Options{})
 	require.NoError(t, err)
@@ -31,6 +38,9 @@ func startPlain(t *testing.T, log *zap.Logger) (*Server, *grpc.ClientConn) {
 	b := broker.New(store, log)
 	srv, err := New(b, store, log)
 	require.NoError(t, err)
+	if register != nil {
+		register(srv.GRPC)
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	served := make(chan struct{})

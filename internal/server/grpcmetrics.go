@@ -121,36 +121,6 @@ func (m *grpcMetrics) unary(ctx context.Context, req any, info *grpc.UnaryServer
 	return resp, err
 }
 
-func (m *grpcMetrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	c := m.method(info.FullMethod, methodType(info.IsClientStream, info.IsServerStream))
-	c.started.Inc()
-	err := handler(srv, &countedStream{ServerStream: ss, c: c})
-	c.done(m, err)
-	return err
-}
-
-// countedStream counts the messages a stream sent and received.
-type countedStream struct {
-	grpc.ServerStream
-	c *methodCounters
-}
-
-func (s *countedStream) SendMsg(msg any) error {
-	err := s.ServerStream.SendMsg(msg)
-	if err == nil {
-		s.c.sent.Inc()
-	}
-	return err
-}
-
-func (s *countedStream) RecvMsg(msg any) error {
-	err := s.ServerStream.RecvMsg(msg)
-	if err == nil {
-		s.c.received.Inc()
-	}
-	return err
-}
-
 // methodType is the grpc_type label of a method.
 func methodType(clientStream, serverStream bool) string {
 	switch {

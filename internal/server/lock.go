@@ -23,11 +23,24 @@ func NewLockService(b *broker.Broker, log *zap.Logger) *LockService {
 	return &LockService{broker: b, log: log}
 }
 
-// Acquire implements LockService.Acquire.
+// Acquire implements LockService.Acquire. Its frame stays on a held
+// hold's stack for the hold's life, so it is kept small (see
+// broker.Acquire): the spec is built by a call that returns.
 func (s *LockService) Acquire(req *lockbrokerv1.AcquireRequest, stream grpc.ServerStreamingServer[lockbrokerv1.AcquireResponse]) error {
+	spec, err := acquireRequestSpec(req)
+	if err == nil {
+		err = s.broker.Acquire(withConnGone(stream.Context()), spec, func(e broker.Event) error {
+			return stream.Send(eventToProto(e))
+		})
+	}
+	return toStatus(s.log, err)
+}
+
+// acquireRequestSpec is what req asks the broker for.
+func acquireRequestSpec(req *lockbrokerv1.AcquireRequest) (*broker.AcquireSpec, error) {
 	spec, err := acquireSpec(req.GetKey(), req.GetValue(), req.GetLimit(), req.GetKind())
 	if err != nil {
-		return toStatus(s.log, err)
+		return nil, err
 	}
 	spec.WaitForever = req.WaitTimeout == nil
 	spec.Wait = req.GetWaitTimeout().AsDuration()
@@ -38,10 +51,7 @@ func (s *LockService) Acquire(req *lockbrokerv1.AcquireRequest, stream grpc.Serv
 		seq := seqFromProto(r)
 		spec.Resume = &seq
 	}
-	err = s.broker.Acquire(withConnGone(stream.Context()), spec, func(e broker.Event) error {
-		return stream.Send(eventToProto(e))
-	})
-	return toStatus(s.log, err)
+	return &spec, nil
 }
 
 // TryAcquire implements LockService.TryAcquire.

@@ -38,23 +38,6 @@ func (v *validation) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo
 	return handler(ctx, req)
 }
 
-func (v *validation) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	return handler(srv, &validatingStream{ServerStream: ss, v: v})
-}
-
-// validatingStream checks each message the handler receives.
-type validatingStream struct {
-	grpc.ServerStream
-	v *validation
-}
-
-func (s *validatingStream) RecvMsg(m any) error {
-	if err := s.ServerStream.RecvMsg(m); err != nil {
-		return err
-	}
-	return s.v.check(m)
-}
-
 // check returns nil or the INVALID_ARGUMENT status for req.
 func (v *validation) check(req any) error {
 	msg, ok := req.(proto.Message)
