@@ -264,8 +264,9 @@ func TestScale(t *testing.T) {
 	tb.add("max / mid-window open blocking queries (Store)", fmt.Sprintf("%d / %d", maxBlocking.Load(), blockingNow), "capped")
 	tb.add("max blocking queries queued for a slot", strconv.FormatInt(maxQueued.Load(), 10), "")
 	tb.add("broker RSS mid-window / peak (its process, /proc/<pid>/status)", fmt.Sprintf("%.0f / %.0f MiB (%.0f MiB before the holds)", float64(rss)/1024, float64(hwm)/1024, float64(rss0)/1024), "≤ 512 MiB")
-	tb.add("broker Go heap / goroutine stacks in use mid-window (/metrics)",
-		fmt.Sprintf("%.0f / %.0f MiB", mDuring["go_memstats_heap_inuse_bytes"]/(1<<20), mDuring["go_memstats_stack_inuse_bytes"]/(1<<20)), "")
+	tb.add("broker Go heap / goroutine stacks in use mid-window (/metrics), stack per goroutine",
+		fmt.Sprintf("%.0f / %.0f MiB, %.1f KiB", mDuring["go_memstats_heap_inuse_bytes"]/(1<<20), mDuring["go_memstats_stack_inuse_bytes"]/(1<<20),
+			mDuring["go_memstats_stack_inuse_bytes"]/max(gDuring, 1)/1024), "")
 	tb.add("CPU while holding (first half of the window): broker / agent, % of one core",
 		fmt.Sprintf("%.0f%% / %.0f%%", 100*float64(cpuB1-cpuB0)/float64(half), 100*float64(cpuA1-cpuA0)/float64(half)), "")
 	tb.add("broker allocation while holding (/metrics)", fmt.Sprintf("%.0f MB/s", allocRate/1e6), "")
