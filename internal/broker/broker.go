@@ -53,6 +53,7 @@ type Broker struct {
 
 	pools        *pools // nil unless WithSessionPool
 	promiseBound time.Duration
+	renewals     *renewalLog // the holds' renewals that failed and are retried
 	janitorStop  context.CancelFunc
 	janitorDone  chan struct{} // the janitor and the pool stopped
 }
@@ -117,6 +118,7 @@ func New(store Store, log *zap.Logger, opts ...Option) *Broker {
 		grants:       make(map[string]grantInfo),
 		recent:       newRecentReleases(),
 		promiseBound: max(o.promiseBound, time.Second),
+		renewals:     newRenewalLog(log),
 	}
 	jctx, cancel := context.WithCancel(context.Background())
 	b.janitorStop, b.janitorDone = cancel, make(chan struct{})

@@ -57,7 +57,7 @@ type Renewer struct{ r *renewer }
 
 // NewRenewer returns a renewer of session id (created at start).
 func NewRenewer(st Store, id string, ttl time.Duration, start time.Time) Renewer {
-	return Renewer{newRenewer(st, id, ttl, start)}
+	return Renewer{newRenewer(st, id, ttl, start, nil)}
 }
 
 func (r Renewer) Start()                    { r.r.start() }

@@ -92,7 +92,7 @@ func (b *Broker) begin(ctx context.Context, spec *AcquireSpec, send func(Event) 
 	h.sub.kw.mu.Unlock()
 
 	if h.owned {
-		h.ren = newRenewer(h.st, h.session, h.ttl, h.start)
+		h.ren = newRenewer(h.st, h.session, h.ttl, h.start, b.renewals)
 		h.ren.start()
 	}
 

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // errRenewalFailed: renewals failed until the safe deadline.
@@ -157,6 +159,8 @@ type renewer struct {
 	timer  *time.Timer
 	ticks  sync.WaitGroup // a renewal in flight
 
+	log *renewalLog // retried failures (nil: not logged)
+
 	mu       sync.Mutex
 	deadline time.Time
 	stopped  bool
@@ -166,11 +170,12 @@ type renewer struct {
 	failed  chan error
 }
 
-func newRenewer(store Store, id string, ttl time.Duration, start time.Time) *renewer {
+func newRenewer(store Store, id string, ttl time.Duration, start time.Time, log *renewalLog) *renewer {
 	return &renewer{
 		store:    store,
 		id:       id,
 		ttl:      ttl,
+		log:      log,
 		deadline: start.Add(ttl - safetyMargin(ttl)),
 		renewed:  make(chan time.Time, 1),
 		failed:   make(chan error, 1),
@@ -262,7 +267,43 @@ func (r *renewer) renew() (next time.Duration, again bool) {
 		r.failed <- fmt.Errorf("%w: last error: %v", errRenewalFailed, err)
 		return 0, false
 	}
+	r.log.failed(r.id, err, left)
 	return min(500*time.Millisecond, left), true
+}
+
+// renewalLog writes a warning for renewals that failed and are retried,
+// at most one a second for the whole broker, each with how many it left
+// out since the last: when Consul cannot be reached every session's
+// renewals fail at once (every 500 ms each), and a line per failure would
+// bury the log. A hold whose renewals keep failing until its safe
+// deadline is logged as lost, with the last error.
+type renewalLog struct {
+	log *zap.Logger
+
+	mu      sync.Mutex
+	next    time.Time // no line before
+	skipped int       // failures since the last line
+}
+
+func newRenewalLog(log *zap.Logger) *renewalLog { return &renewalLog{log: log} }
+
+func (l *renewalLog) failed(session string, err error, left time.Duration) {
+	if l == nil {
+		return
+	}
+	now := time.Now()
+	l.mu.Lock()
+	if now.Before(l.next) {
+		l.skipped++
+		l.mu.Unlock()
+		return
+	}
+	l.next = now.Add(time.Second)
+	skipped := l.skipped
+	l.skipped = 0
+	l.mu.Unlock()
+	l.log.Warn("session renewal failed; retrying until the session's safe deadline",
+		zap.String("session", session), zap.Error(err), zap.Duration("safe_for", left), zap.Int("failures_not_logged", skipped))
 }
 
 // SessionSummary is one session the broker made grants for.
