@@ -86,7 +86,9 @@ func newSessionPool(b *Broker, tenant string) *sessionPool {
 func (p *sessionPool) store() Store { return p.b.storeFor(p.tenant) }
 
 // pools are a broker's session pools: the single-tenant one, made and
-// filled when the broker starts, and one per tenant of a shared broker,
+// filled when a single-tenant broker starts (a shared broker, one with
+// WithTenantStore, makes it only if a call without a tenant asks for
+// it), and one per tenant of a shared broker,
 // made at the tenant's first Acquire with default options (which makes
 // its session itself, as the pool is still empty) and ended, its idle
 // sessions destroyed, once the tenant has not used it for tenantPoolIdle.
@@ -102,7 +104,9 @@ type pools struct {
 
 func newPools(ctx context.Context, b *Broker) *pools {
 	ps := &pools{b: b, ctx: ctx, m: map[string]*sessionPool{}}
-	ps.forTenant("")
+	if b.tenantStore == nil {
+		ps.forTenant("")
+	}
 	return ps
 }
 
