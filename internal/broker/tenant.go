@@ -31,6 +31,8 @@ func TenantFrom(ctx context.Context) string {
 // Consul client with the tenant's ACL token): every Consul call a hold
 // makes (its session, grant, release) goes through it, so Consul's ACLs
 // bound what a tenant can do. A nil result means the broker's own store.
+// It marks a shared broker: with WithSessionPool, each tenant gets a pool
+// of its own, and the single-tenant pool is not filled at start.
 func WithTenantStore(f func(tenant string) Store) Option {
 	return func(o *options) { o.tenantStore = f }
 }
