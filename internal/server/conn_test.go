@@ -52,7 +52,9 @@ func acceptTracked(t *testing.T) (*trackedConn, net.Conn) {
 // TestTrackedConnReadOnReady: the read gRPC makes on a tracked connection
 // waits for data before it takes a buffer, returns what arrived, and ends
 // with io.EOF when the peer closes and with an error when the connection
-// is closed under it; no buffer stays out of the pool in any case.
+// is closed under it; no buffer stays out of the pool in any case. A
+// connection without a file descriptor (none of the broker's listeners
+// gives one today) is read with a plain read into a pooled buffer.
 func TestTrackedConnReadOnReady(t *testing.T) {
 	t.Run("data, then EOF", func(t *testing.T) {
 		c, peer := acceptTracked(t)
@@ -63,20 +65,21 @@ func TestTrackedConnReadOnReady(t *testing.T) {
 			_, _ = peer.Write(want)
 			_ = peer.Close()
 		}()
-		var got []byte
-		for {
-			buf, n, err := c.ReadOnReady(16<<10, pool)
-			if n > 0 {
-				got = append(got, (*buf)[:n]...)
-				pool.Put(buf)
-			}
-			if err != nil {
-				require.ErrorIs(t, err, io.EOF)
-				break
-			}
-			require.Positive(t, n)
-		}
-		assert.Equal(t, want, got)
+		assert.Equal(t, want, readOnReadyToEOF(t, c, pool))
+		assert.Zero(t, pool.out.Load(), "buffers out of the pool")
+	})
+
+	t.Run("a connection without a descriptor", func(t *testing.T) {
+		a, peer := net.Pipe()
+		c := &trackedConn{Conn: a, gone: make(chan struct{})}
+		t.Cleanup(func() { _ = c.Close(); _ = peer.Close() })
+		pool := &countingPool{}
+		want := bytes.Repeat([]byte("0123456789abcdef"), 1024)
+		go func() {
+			_, _ = peer.Write(want)
+			_ = peer.Close()
+		}()
+		assert.Equal(t, want, readOnReadyToEOF(t, c, pool))
 		assert.Zero(t, pool.out.Load(), "buffers out of the pool")
 	})
 
@@ -115,6 +118,25 @@ func TestTrackedConnReadOnReady(t *testing.T) {
 		require.True(t, errors.As(err, &ne) && ne.Timeout(), "%v", err)
 		assert.Zero(t, pool.out.Load())
 	})
+}
+
+// readOnReadyToEOF reads c as gRPC does, in reads of 16 KiB, until
+// io.EOF, and returns what came; each buffer goes back to pool.
+func readOnReadyToEOF(t *testing.T, c *trackedConn, pool mem.BufferPool) []byte {
+	t.Helper()
+	var got []byte
+	for {
+		buf, n, err := c.ReadOnReady(16<<10, pool)
+		if n > 0 {
+			got = append(got, (*buf)[:n]...)
+			pool.Put(buf)
+		}
+		if err != nil {
+			require.ErrorIs(t, err, io.EOF)
+			return got
+		}
+		require.Positive(t, n)
+	}
 }
 
 // TestIdleConnectionsHoldNoReadBuffer: gRPC connections served through
