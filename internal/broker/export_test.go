@@ -21,6 +21,14 @@ func SetGrantedHook(f func(key string)) (restore func()) {
 	return func() { testHookGranted = old }
 }
 
+// SetAnnounceWait sets how long a releaser that handed a lock over waits
+// for the new holder's `acquired`; the returned func restores it.
+func SetAnnounceWait(d time.Duration) (restore func()) {
+	old := announceWait
+	announceWait = d
+	return func() { announceWait = old }
+}
+
 // WatchMode says how key is watched: "" when it has no watch, else
 // swept, pending, dedicated, or "dedicated, no query" (a broken watch).
 func (b *Broker) WatchMode(key string) string {

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // Direct hand-off: when a holder on this replica releases a lock key for
@@ -20,12 +21,27 @@ import (
 // of the oldest waiter (only that one: FIFO), and delivers the grant, or
 // nil when the transaction failed (the waiter then tries by itself, as
 // after any wake-up). A waiter never attempts while its slot is claimed.
+//
+// A releaser that handed the lock over answers its caller once the new
+// holder has announced the grant (its `acquired` is queued on its
+// stream), or after announceWait. The new holder's `acquired` then leaves
+// before the old holder's answer, not after it: the hand-off is over for
+// the waiter as soon as it is for the releaser.
 type handoffSlot struct {
 	mu      sync.Mutex
 	state   slotState
 	ready   chan struct{} // closed when the releaser is done
 	granted *Sequencer
+	// announced is closed when the waiter that took the grant has sent
+	// `acquired`, or has ended without sending it (begin returned).
+	announced chan struct{}
 }
+
+// announceWait bounds how long a releaser waits for the new holder's
+// `acquired` to go out: that stream may be blocked (a client that does
+// not read it), and the releaser's answer must not wait on that for
+// long. A var for tests.
+var announceWait = 20 * time.Millisecond
 
 type slotState int
 
@@ -42,7 +58,7 @@ func (w *waiter) offer() {
 	if h.sem || h.spec.Resume != nil {
 		return
 	}
-	s := &handoffSlot{ready: make(chan struct{})}
+	s := &handoffSlot{ready: make(chan struct{}), announced: make(chan struct{})}
 	h.sub.kw.mu.Lock()
 	h.sub.slot = s
 	h.sub.kw.mu.Unlock()
@@ -50,7 +66,8 @@ func (w *waiter) offer() {
 }
 
 // withdraw closes the slot after a sleep. It returns the grant a releaser
-// handed over, waiting for one that claimed the slot to finish.
+// handed over, waiting for one that claimed the slot to finish; the hold
+// then owes that releaser its announcement (see announced).
 func (w *waiter) withdraw() *Sequencer {
 	s := w.slot
 	if s == nil {
@@ -68,7 +85,36 @@ func (w *waiter) withdraw() *Sequencer {
 	}
 	s.mu.Unlock()
 	<-s.ready
+	if s.granted != nil {
+		w.h.handedOver = s
+	}
 	return s.granted
+}
+
+// announced tells the releaser that handed h its grant that the grant is
+// announced, or never will be. begin calls it on its way out, after the
+// `acquired` it sends (or its error, or a panic).
+func (h *hold) announced() {
+	if s := h.handedOver; s != nil {
+		h.handedOver = nil
+		close(s.announced)
+	}
+}
+
+// awaitAnnounced waits until the new holder has announced the grant the
+// slot delivered, at most announceWait.
+func (s *handoffSlot) awaitAnnounced() {
+	select {
+	case <-s.announced:
+		return
+	default:
+	}
+	t := time.NewTimer(announceWait)
+	defer t.Stop()
+	select {
+	case <-s.announced:
+	case <-t.C:
+	}
 }
 
 // readyChan is what sleep selects on (nil without a slot).
@@ -113,12 +159,23 @@ func (h *hold) claimNext() (*hold, *handoffSlot) {
 
 // handOff releases h's lock and grants it to the next waiter in one
 // transaction. It reports whether it did; on false nothing changed and
-// the caller releases as usual.
+// the caller releases as usual. It returns once the new holder has
+// announced the grant (or after announceWait).
 func (h *hold) handOff(ctx context.Context) bool {
 	w, slot := h.claimNext()
 	if w == nil {
 		return false
 	}
+	if !h.handOffTo(ctx, w, slot) {
+		return false
+	}
+	slot.awaitAnnounced()
+	return true
+}
+
+// handOffTo runs the hand-off's transaction, and delivers its grant to
+// the slot w offered (nil when it failed).
+func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot) bool {
 	var granted *Sequencer
 	defer func() {
 		slot.mu.Lock()

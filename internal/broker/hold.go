@@ -31,6 +31,9 @@ type hold struct {
 	again  bool    // the pooled session held the key before (record.Again)
 	unsure bool    // a grant transaction was cut off in flight (see settle)
 	guard  *guard  // the session record's index, checked by the sweeper
+	// handedOver is the hand-off slot whose releaser waits until begin
+	// has announced the grant it delivered (see handOff).
+	handedOver *handoffSlot
 	// owner is the record owner this hold writes: the replica's id, or
 	// for a resumed hold the id and a suffix of its own, so that a hold
 	// resumed on the same replica fences the copy it replaced.
@@ -78,6 +81,9 @@ func (b *Broker) begin(ctx context.Context, spec *AcquireSpec, send func(Event) 
 	h := b.newHold(ctx, *spec, send)
 	begun := false
 	defer func() {
+		// After the `acquired` below: a releaser that handed h the
+		// lock waits for it (see handOff).
+		h.announced()
 		if !begun { // also when a step panicked
 			h.close()
 		}
