@@ -32,8 +32,9 @@ type handoffSlot struct {
 	state   slotState
 	ready   chan struct{} // closed when the releaser is done
 	granted *Sequencer
-	// announced is closed when the waiter that took the grant has sent
-	// `acquired`, or has ended without sending it (begin returned).
+	// announced is made when a releaser claims the slot, and closed when
+	// the waiter that took the grant has sent `acquired`, or has ended
+	// without sending it (begin returned).
 	announced chan struct{}
 }
 
@@ -58,7 +59,7 @@ func (w *waiter) offer() {
 	if h.sem || h.spec.Resume != nil {
 		return
 	}
-	s := &handoffSlot{ready: make(chan struct{}), announced: make(chan struct{})}
+	s := &handoffSlot{ready: make(chan struct{})}
 	h.sub.kw.mu.Lock()
 	h.sub.slot = s
 	h.sub.kw.mu.Unlock()
@@ -153,7 +154,7 @@ func (h *hold) claimNext() (*hold, *handoffSlot) {
 	if slot.state != slotOpen {
 		return nil, nil
 	}
-	slot.state = slotClaimed
+	slot.state, slot.announced = slotClaimed, make(chan struct{})
 	return w, slot
 }
 
