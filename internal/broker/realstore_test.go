@@ -1,10 +1,13 @@
 package broker_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/consulstore"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
@@ -18,4 +21,72 @@ func startStore(t *testing.T, opts consulstore.Options) (*consultest.Agent, *con
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	return agent, store
+}
+
+// testHold is one Broker.Acquire run on a goroutine of its own until the
+// test ends: the events its send got, in order, and done, closed once
+// Acquire returned (err is then what it returned).
+type testHold struct {
+	t      *testing.T
+	cancel context.CancelFunc
+	events chan broker.Event
+	done   chan struct{}
+	err    error
+}
+
+// startHold runs b.Acquire(spec). If before is not nil, send calls it with
+// each event before recording the event (a test can hold a send there).
+func startHold(t *testing.T, b *broker.Broker, spec *broker.AcquireSpec, before func(broker.Event)) *testHold {
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &testHold{t: t, cancel: cancel, events: make(chan broker.Event, 64), done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		h.err = b.Acquire(ctx, spec, func(e broker.Event) error {
+			if before != nil {
+				before(e)
+			}
+			h.events <- e
+			return nil
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-h.done:
+		case <-time.After(10 * time.Second):
+			t.Errorf("the hold of %s did not end", spec.Key)
+		}
+	})
+	return h
+}
+
+// next is the hold's next event of kind (others are skipped), within 5 s.
+func (h *testHold) next(kind broker.EventKind) broker.Event {
+	h.t.Helper()
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case e := <-h.events:
+			if e.Kind == kind {
+				return e
+			}
+		case <-timeout:
+			h.t.Fatalf("no event %v", kind)
+		}
+	}
+}
+
+// sent says, without waiting, whether the hold has sent an event of kind
+// (the events before it are skipped).
+func (h *testHold) sent(kind broker.EventKind) (broker.Event, bool) {
+	for {
+		select {
+		case e := <-h.events:
+			if e.Kind == kind {
+				return e, true
+			}
+		default:
+			return broker.Event{}, false
+		}
+	}
 }

@@ -53,42 +53,9 @@ func (s *staleKey) park() {
 	}
 }
 
-// staleHold is a hold of the tests below: its events, and done is closed
-// once its Acquire returned (its clean-up made).
-type staleHold struct {
-	events <-chan broker.Event
-	done   <-chan struct{}
-}
-
 // acquire starts a hold on the key that waits for ever.
-func (s *staleKey) acquire() staleHold {
-	ctx, cancel := context.WithCancel(context.Background())
-	events := make(chan broker.Event, 16)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = s.b.Acquire(ctx, &broker.AcquireSpec{Key: s.key, WaitForever: true}, func(e broker.Event) error {
-			events <- e
-			return nil
-		})
-	}()
-	s.t.Cleanup(func() { cancel(); <-done })
-	return staleHold{events: events, done: done}
-}
-
-// next is the next event of kind (others are skipped).
-func (s *staleKey) next(h staleHold, kind broker.EventKind) broker.Event {
-	s.t.Helper()
-	for {
-		select {
-		case e := <-h.events:
-			if e.Kind == kind {
-				return e
-			}
-		case <-time.After(5 * time.Second):
-			s.t.Fatalf("no event %v", kind)
-		}
-	}
+func (s *staleKey) acquire() *testHold {
+	return startHold(s.t, s.b, &broker.AcquireSpec{Key: s.key, WaitForever: true}, nil)
 }
 
 func (s *staleKey) writes() uint64 { return s.store.OpCounts()["kv_txn_write"] }
@@ -96,13 +63,13 @@ func (s *staleKey) writes() uint64 { return s.store.OpCounts()["kv_txn_write"] }
 // handOff releases held's grant and checks that waiter got the lock from
 // it in one transaction (the holder's clean-up, its record and session,
 // may have come since: at most 2 writes).
-func (s *staleKey) handOff(held broker.Event, waiter staleHold) broker.Event {
+func (s *staleKey) handOff(held broker.Event, waiter *testHold) broker.Event {
 	s.t.Helper()
 	before := s.writes()
 	ok, err := s.b.Release(context.Background(), s.key, held.Sequencer.Session, held.Sequencer.Token)
 	require.NoError(s.t, err)
 	require.True(s.t, ok)
-	got := s.next(waiter, broker.EventAcquired)
+	got := waiter.next(broker.EventAcquired)
 	assert.Greater(s.t, got.Sequencer.Token, held.Sequencer.Token)
 	assert.LessOrEqual(s.t, s.writes()-before, uint64(2), "a hand-off, not a release and an attempt")
 	return got
@@ -117,11 +84,11 @@ func TestWaiterBehindLocalHoldSkipsStaleFreeListing(t *testing.T) {
 	s := newStaleKey(t, "hub/stale-free")
 	s.park()
 	holder := s.acquire()
-	held := s.next(holder, broker.EventAcquired)
+	held := holder.next(broker.EventAcquired)
 
 	before := s.writes()
 	waiter := s.acquire()
-	queued := s.next(waiter, broker.EventQueued)
+	queued := waiter.next(broker.EventQueued)
 	assert.Equal(t, before, s.writes(), "the waiter made no transaction before it queued")
 	require.Len(t, queued.State.Holders, 1, "it queued behind the holder (a consistent read), not on the parked listing")
 	assert.Equal(t, held.Sequencer.Session, queued.State.Holders[0].Session)
@@ -136,11 +103,11 @@ func TestWaiterBehindLocalHoldSkipsStaleFreeListing(t *testing.T) {
 func TestWaiterBehindLocalHoldSkipsStaleHolderListing(t *testing.T) {
 	s := newStaleKey(t, "hub/stale-holder")
 	first := s.acquire()
-	h1 := s.next(first, broker.EventAcquired)
+	h1 := first.next(broker.EventAcquired)
 	s.park() // its listing shows h1
 
 	second := s.acquire()
-	q1 := s.next(second, broker.EventQueued)
+	q1 := second.next(broker.EventQueued)
 	require.Len(t, q1.State.Holders, 1)
 	require.Equal(t, h1.Sequencer.Session, q1.State.Holders[0].Session)
 	h2 := s.handOff(h1, second)
@@ -152,7 +119,7 @@ func TestWaiterBehindLocalHoldSkipsStaleHolderListing(t *testing.T) {
 
 	before := s.writes()
 	third := s.acquire()
-	q2 := s.next(third, broker.EventQueued)
+	q2 := third.next(broker.EventQueued)
 	assert.Equal(t, before, s.writes(), "the waiter made no transaction before it queued")
 	require.Len(t, q2.State.Holders, 1)
 	assert.Equal(t, h2.Sequencer.Session, q2.State.Holders[0].Session, "queued behind the holder the key has, not the gone one the parked listing shows")
