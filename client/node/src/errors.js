@@ -182,9 +182,13 @@ export function parseDetails(details) {
 // SELF_SIGNED_CERT_IN_CHAIN, CERT_HAS_EXPIRED, ...).
 const TLS_FAILURE = /^(ERR_SSL_|ERR_TLS_|UNABLE_TO_)|CERT|^(INVALID_CA|INVALID_PURPOSE|PATH_LENGTH_EXCEEDED|HOSTNAME_MISMATCH)$/;
 
-function tlsFailure(err) {
+// Node's codes for a connection or stream the other side cut off.
+const CONNECTION_CUT = /^(ECONNRESET|EPIPE|ERR_STREAM_DESTROYED|ERR_HTTP2_INVALID_STREAM)$/;
+
+/** Whether err, or an error in its chain of causes, has a Node code that re matches. */
+function nodeCode(err, re) {
   for (let e = err, i = 0; e instanceof Error && i < 8; e = e.cause, i++) {
-    if (typeof e.code === "string" && TLS_FAILURE.test(e.code)) return true;
+    if (typeof e.code === "string" && re.test(e.code)) return true;
   }
   return false;
 }
@@ -197,8 +201,15 @@ export function fromError(err) {
   // does not verify, or the broker wants a client certificate) as INTERNAL;
   // it is a broker that cannot be reached as configured: UNAVAILABLE, as
   // gRPC's own clients say, so another replica is tried.
-  if (ce.code === Code.Internal && tlsFailure(err)) {
+  if (ce.code === Code.Internal && nodeCode(err, TLS_FAILURE)) {
     return new UnavailableError(`TLS handshake failed: ${ce.rawMessage}`, { code: Code.Unavailable, cause: err });
+  }
+  // connect-node reports a connection the broker cut (reset, or a stream
+  // destroyed) as ABORTED, the code the broker uses for a busy lock, which
+  // it always sends with a reason. It is a broker that went away:
+  // UNAVAILABLE, as gRPC's own clients say, so another replica is tried.
+  if (ce.code === Code.Aborted && nodeCode(err, CONNECTION_CUT)) {
+    return new UnavailableError(`connection lost: ${ce.rawMessage}`, { code: Code.Unavailable, cause: err });
   }
   const opts = parseDetails(ce.details);
   let cls = opts.domain === undefined || opts.domain === DOMAIN ? BY_REASON[opts.reason] : undefined;

@@ -69,6 +69,21 @@ test("the reason decides the class; the code is the fallback", () => {
   assert.ok(foreign instanceof UnavailableError);
 });
 
+test("a connection the broker cut is UNAVAILABLE, not a busy lock", () => {
+  // connect-node turns a reset (or a destroyed stream) into ABORTED, with
+  // Node's error as the cause.
+  for (const code of ["ECONNRESET", "EPIPE", "ERR_STREAM_DESTROYED", "ERR_HTTP2_INVALID_STREAM"]) {
+    const cause = Object.assign(new Error(`read ${code}`), { code });
+    const ce = new ConnectError(`read ${code}`, Code.Aborted, undefined, undefined, cause);
+    const err = fromError(ce);
+    assert.ok(err instanceof UnavailableError, `${code}: ${err.name}`);
+    assert.equal(err.codeName, "Unavailable", code);
+    assert.equal(err.cause, ce, code);
+  }
+  // The broker's own ABORTED, even without its reason, stays a busy lock.
+  assert.ok(fromError(new ConnectError("m", Code.Aborted, undefined, undefined, new Error("m"))) instanceof LockHeldError);
+});
+
 test("retry hints and field violations are decoded", () => {
   const err = fromError(
     new ConnectError("bad", Code.InvalidArgument, undefined, [
