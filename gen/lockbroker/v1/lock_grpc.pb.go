@@ -69,8 +69,12 @@ type LockServiceClient interface {
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AcquireResponse], error)
 	// Release ends a hold given its key and session, from any broker replica.
 	// The stream that holds it (on whichever replica) sends `released` and
-	// ends. Errors: NOT_FOUND for an unknown session, FAILED_PRECONDITION
-	// when the session does not hold the key.
+	// ends. When a waiter on the same replica is next in line, the release
+	// and that waiter's grant are one transaction, and Release answers once
+	// the waiter's `acquired` is on its way (or after 20 ms, if that stream
+	// is stuck): the new holder hears no later than the old one. Errors:
+	// NOT_FOUND for an unknown session, FAILED_PRECONDITION when the session
+	// does not hold the key.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// Watch sends the state of a key (or of every key under a prefix) now and
 	// then after every change. "No holder" is a state of its own. A slow
@@ -234,8 +238,12 @@ type LockServiceServer interface {
 	Acquire(*AcquireRequest, grpc.ServerStreamingServer[AcquireResponse]) error
 	// Release ends a hold given its key and session, from any broker replica.
 	// The stream that holds it (on whichever replica) sends `released` and
-	// ends. Errors: NOT_FOUND for an unknown session, FAILED_PRECONDITION
-	// when the session does not hold the key.
+	// ends. When a waiter on the same replica is next in line, the release
+	// and that waiter's grant are one transaction, and Release answers once
+	// the waiter's `acquired` is on its way (or after 20 ms, if that stream
+	// is stuck): the new holder hears no later than the old one. Errors:
+	// NOT_FOUND for an unknown session, FAILED_PRECONDITION when the session
+	// does not hold the key.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// Watch sends the state of a key (or of every key under a prefix) now and
 	// then after every change. "No holder" is a state of its own. A slow

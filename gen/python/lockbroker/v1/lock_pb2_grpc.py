@@ -108,8 +108,12 @@ class LockServiceServicer(object):
     def Release(self, request, context):
         """Release ends a hold given its key and session, from any broker replica.
         The stream that holds it (on whichever replica) sends `released` and
-        ends. Errors: NOT_FOUND for an unknown session, FAILED_PRECONDITION
-        when the session does not hold the key.
+        ends. When a waiter on the same replica is next in line, the release
+        and that waiter's grant are one transaction, and Release answers once
+        the waiter's `acquired` is on its way (or after 20 ms, if that stream
+        is stuck): the new holder hears no later than the old one. Errors:
+        NOT_FOUND for an unknown session, FAILED_PRECONDITION when the session
+        does not hold the key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -873,8 +873,12 @@ export declare const LockService: GenService<{
   /**
    * Release ends a hold given its key and session, from any broker replica.
    * The stream that holds it (on whichever replica) sends `released` and
-   * ends. Errors: NOT_FOUND for an unknown session, FAILED_PRECONDITION
-   * when the session does not hold the key.
+   * ends. When a waiter on the same replica is next in line, the release
+   * and that waiter's grant are one transaction, and Release answers once
+   * the waiter's `acquired` is on its way (or after 20 ms, if that stream
+   * is stuck): the new holder hears no later than the old one. Errors:
+   * NOT_FOUND for an unknown session, FAILED_PRECONDITION when the session
+   * does not hold the key.
    *
    * @generated from rpc lockbroker.v1.LockService.Release
    */
