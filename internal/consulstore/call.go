@@ -27,6 +27,7 @@ type call struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	rec    record
+	stale  bool // a "not found" a consistent read contradicted (renewNotFound)
 }
 
 // begin starts a call of kind op bounded by timeout, unless ctx ends
@@ -52,7 +53,11 @@ func (c *call) end(err error) error {
 		err = c.classify(err)
 	}
 	c.cancel()
-	c.s.counts.add(c.op, resultOf(err))
+	r := resultOf(err)
+	if c.stale && r == resUnavailable {
+		r = resStaleNotFound
+	}
+	c.s.counts.add(c.op, r)
 	return err
 }
 

@@ -54,6 +54,11 @@ const (
 	resRejected
 	resTxnRolledBack
 	resCanceled
+	// resStaleNotFound: a renewal Consul answered "not found" for a session
+	// a consistent read then found (a leader whose state is not current
+	// yet, see renewNotFound). The caller sees StoreUnavailable, as for an
+	// outage; the metric tells the two apart.
+	resStaleNotFound
 	numResults
 )
 
@@ -65,6 +70,7 @@ var resultNames = [numResults]string{
 	resRejected:         "rejected",
 	resTxnRolledBack:    "txn_rolled_back",
 	resCanceled:         "canceled",
+	resStaleNotFound:    "stale_not_found",
 }
 
 // resultOf classifies a call's final error.
@@ -101,6 +107,8 @@ func possible(op opKind, r result) bool {
 		return op == opSessionRenew || op == opSessionInfo
 	case resTxnRolledBack:
 		return op == opKVTxnWrite || op == opKVTxnRead
+	case resStaleNotFound:
+		return op == opSessionRenew
 	}
 	return true
 }
@@ -133,7 +141,8 @@ func (s *Store) OpCounts() map[string]uint64 {
 var (
 	requestsDesc = prometheus.NewDesc("lockbroker_consul_requests_total",
 		"Consul HTTP API calls made by the broker, by operation and result "+
-			"(ok, not_found, unavailable, permission_denied, rejected, txn_rolled_back, canceled).",
+			"(ok, not_found, unavailable, permission_denied, rejected, txn_rolled_back, canceled; "+
+			"stale_not_found: a renewal answered \"not found\" by a leader not yet current, for a session that lives, retried).",
 		[]string{"op", "result"}, nil)
 	queuedDesc = prometheus.NewDesc("lockbroker_consul_blocking_queries_queued",
 		"Watches waiting for one of the capped Consul blocking-query slots.", nil, nil)

@@ -94,10 +94,12 @@ func (s *Store) RenewSession(ctx context.Context, id string) (*broker.SessionInf
 // "not found" there until the leader's first commit (make chaos, seed
 // 781186010, consul-restart-all). A consistent read waits until the leader
 // is ready for one. The session is gone only when that read says so; a
-// session it finds was not renewed, which is StoreUnavailable (retry).
+// session it finds was not renewed, which is StoreUnavailable (retry),
+// counted as stale_not_found rather than unavailable.
 func (s *Store) renewNotFound(c *call, id string) error {
 	_, err := s.Session(c.ctx, id)
 	if err == nil {
+		c.stale = true
 		return c.unavailable(0, fmt.Errorf("renewal of session %s answered \"not found\", but a consistent read finds it (a leader whose state is not current yet)", id))
 	}
 	return err

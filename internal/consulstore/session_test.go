@@ -113,6 +113,10 @@ func TestRenewNotFoundIsConfirmed(t *testing.T) {
 	after := s.OpCounts()
 	assert.Equal(t, before["session_renew"]+1, after["session_renew"])
 	assert.Equal(t, before["session_info"]+1, after["session_info"], "one consistent read confirms")
+	renewals := func() [3]uint64 { // stale_not_found, unavailable, not_found
+		return [3]uint64{gatherValue(t, s, "session_renew", "stale_not_found"), gatherValue(t, s, "session_renew", "unavailable"), gatherValue(t, s, "session_renew", "not_found")}
+	}
+	assert.Equal(t, [3]uint64{1, 0, 0}, renewals(), "counted as stale_not_found, not as an outage")
 
 	info, err := s.RenewSession(ctx, id)
 	require.NoError(t, err, "the next renewal renews")
@@ -123,4 +127,5 @@ func TestRenewNotFoundIsConfirmed(t *testing.T) {
 	_, err = s.RenewSession(ctx, id)
 	assert.ErrorIs(t, err, broker.ErrSessionNotFound, "a destroyed session is gone")
 	assert.Equal(t, after["session_info"]+1, s.OpCounts()["session_info"])
+	assert.Equal(t, [3]uint64{1, 0, 1}, renewals(), "a confirmed \"not found\" is not_found")
 }
