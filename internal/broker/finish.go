@@ -26,6 +26,18 @@ func (h *hold) finish(released bool) {
 		h.b.log.Warn("cannot release hold; its session expires with its TTL", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Error(err))
 		return
 	}
+	if h.record().index == 0 && !mutantNoResumeFence {
+		// The record was never known here (a grant whose answer was lost,
+		// see ownGrant): without it nothing below is conditioned on the
+		// record, and a resume on another replica would not fence this
+		// clean-up. Read it first.
+		rec, err := h.b.readRecord(ctx, h.session)
+		if err != nil {
+			h.b.log.Warn("cannot release hold; its session expires with its TTL", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Error(err))
+			return
+		}
+		h.setRecord(rec)
+	}
 	for attempt := range maxWriteAttempts {
 		rec := h.record()
 		if rec.index != 0 && rec.Owner != h.owner && !mutantNoResumeFence {

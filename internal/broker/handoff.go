@@ -192,17 +192,45 @@ func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot) bool {
 	grant, wnext := w.lockGrantOps()
 	ops = append(ops, grant...)
 	res, err := h.st.Txn(ctx, ops)
-	if err != nil {
-		return false
+	var e *Entry
+	switch {
+	case err == nil:
+		e = res[len(res)-1]
+		next.index, wnext.index = recordWritten(ops, res, h.session), recordWritten(ops, res, w.session)
+	case asTxnError(err) == nil:
+		// No answer, which is not a "no": Consul may have committed it
+		// (its leader changed under the transaction, say).
+		if e = h.b.committedHandOff(ctx, key, w.session); e == nil {
+			return false
+		}
+		next.index, wnext.index = e.ModifyIndex, e.ModifyIndex // one transaction, one index
+	default:
+		return false // rolled back
 	}
-	next.index, next.live = recordWritten(ops, res, h.session), true
+	next.live, wnext.live = true, true
 	h.setRecord(next)
-	e := res[len(res)-1]
-	wnext.index, wnext.live = recordWritten(ops, res, w.session), true
 	w.setRecord(wnext)
 	h.b.hub.known.forget(key)
 	granted = &Sequencer{Key: key, Session: w.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}
 	return true
+}
+
+// committedHandOff tells, after a hand-off's transaction got no answer,
+// whether Consul committed it: the key held by the waiter's session (one
+// consistent read). It returns the key's entry then, else nil (not
+// committed, or not known: the releaser then releases as usual, and the
+// waiter that finds the key its own adopts the record, see ownGrant).
+// Only the hand-off can have given the waiter's session the key: the
+// waiter makes no attempt of its own while its slot is claimed.
+func (b *Broker) committedHandOff(ctx context.Context, key, session string) *Entry {
+	st, err := b.readState(ctx, key)
+	if err != nil {
+		return nil
+	}
+	if e := st.entry(key); e != nil && e.Session == session {
+		return e
+	}
+	return nil
 }
 
 // heldHere reports whether every holder st shows is a hold of this

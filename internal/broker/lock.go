@@ -29,11 +29,15 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 		return nil, err
 	}
 	if hd, ok := st.holder(h.session); ok {
-		// Already held by this session (a client-owned session): its
-		// current grant, as api.Lock would answer; but only a fresh read
-		// tells it from the session's earlier, released grant.
+		// Already held by this session (a client-owned session, or a
+		// grant whose answer was lost, see ownGrant): its current grant,
+		// as api.Lock would answer; but only a fresh read tells it from
+		// the session's earlier, released grant.
 		if !fresh {
 			return nil, errRace
+		}
+		if err := h.ownGrant(ctx); err != nil {
+			return nil, err
 		}
 		return &Sequencer{Key: key, Session: h.session, LockIndex: hd.LockIndex, Token: h.currentToken(st, hd), Kind: KindLock}, nil
 	}
@@ -63,6 +67,30 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 	h.setRecord(next)
 	h.b.hub.known.forget(key)
 	return &Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}, nil
+}
+
+// ownGrant adopts the session's record when a broker-owned session turns
+// out to hold the key already. Only a grant of this hold's own can have
+// done that, one whose answer never arrived: a hand-off whose transaction
+// Consul committed without answering (make chaos, seed 487355972: its
+// leader died in flight). That grant wrote the record, which the hold
+// does not know yet; every later write of the hold is conditioned on the
+// record (finish, recycle, Release, SetValue), and a resume on another
+// replica fences this one only through it. A record owned by another
+// replica means the hold was resumed there meanwhile.
+func (h *hold) ownGrant(ctx context.Context) error {
+	if !h.owned {
+		return nil
+	}
+	rec, err := h.b.readRecord(ctx, h.session)
+	if err != nil {
+		return err
+	}
+	if rec.index != 0 && rec.Owner != h.owner {
+		return newError(ErrAborted, ReasonSessionLost, "the request's session %s is now owned by another replica", h.session)
+	}
+	h.setRecord(rec)
+	return nil
 }
 
 // lockGrantOps are the ops that grant h the lock at its key: the

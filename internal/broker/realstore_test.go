@@ -63,7 +63,13 @@ func startHold(t *testing.T, b *broker.Broker, spec *broker.AcquireSpec, before 
 // next is the hold's next event of kind (others are skipped), within 5 s.
 func (h *testHold) next(kind broker.EventKind) broker.Event {
 	h.t.Helper()
-	timeout := time.After(5 * time.Second)
+	return h.nextWithin(kind, 5*time.Second)
+}
+
+// nextWithin is next with a bound of d.
+func (h *testHold) nextWithin(kind broker.EventKind, d time.Duration) broker.Event {
+	h.t.Helper()
+	timeout := time.After(d)
 	for {
 		select {
 		case e := <-h.events:

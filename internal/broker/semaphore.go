@@ -91,6 +91,9 @@ func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequen
 		if !fresh {
 			return nil, errRace // only a fresh read tells it from an earlier grant
 		}
+		if err := h.ownGrant(ctx); err != nil {
+			return nil, err
+		}
 		return &Sequencer{Key: prefix, Session: h.session, LockIndex: me.LockIndex, Token: h.currentToken(st, hd), Kind: KindSemaphore}, nil
 	}
 	free := int(h.limit) - len(holders)

@@ -1,0 +1,159 @@
+package broker_test
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/lockbroker/lockbroker/internal/broker"
+	"github.com/lockbroker/lockbroker/internal/consulstore"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// TestHandOffAnswerLost: a hand-off whose transaction Consul committed
+// but whose answer never reached the broker. make chaos (seed 487355972)
+// found it: the Consul leader died while a hand-off was in flight, and the
+// follower answered "rpc error making call: EOF" for a transaction the new
+// leader had. The waiter then found the lock held by its own session and
+// took the grant without the session's record, which the hand-off had
+// written; so its later clean-up was not conditioned on the record. Its
+// client resumed the hold on another replica (a SIGTERM) and closed the
+// old stream, and the old replica unlocked the key and destroyed the
+// session under the resumed hold: another client got the lock while the
+// first still held it.
+//
+// Here a proxy in front of a real agent forwards the hand-off's
+// transaction and answers 500 with Consul's own text. "answer lost": the
+// releaser learns from a read that the hand-off committed, answers OK, and
+// hands the grant over. "answer and read lost": the read fails too, and
+// the waiter finds the key its own later. Either way the waiter gets its
+// grant with the record's token, and a resume of it on a second replica
+// survives the end of the old stream.
+func TestHandOffAnswerLost(t *testing.T) {
+	agent := consultest.Start(t)
+	target, err := url.Parse("http://" + agent.HTTPAddr())
+	require.NoError(t, err)
+	var lose atomic.Bool
+	var failReads atomic.Int32 // consistent reads of the key still to fail
+	var committed atomic.Int32 // hand-offs Consul committed whose answer was lost
+	var readKey atomic.Value   // the key whose reads fail
+	readKey.Store("")
+	rp := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/v1/kv/"+readKey.Load().(string) && r.URL.Query().Has("consistent") && failReads.Add(-1) >= 0 {
+			http.Error(w, "rpc error making call: EOF", http.StatusInternalServerError)
+			return
+		}
+		if r.URL.Path == "/v1/txn" && lose.Load() {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
+			}
+			handOff := bytes.Contains(body, []byte(`"Verb":"unlock"`)) && bytes.Contains(body, []byte(`"Verb":"lock"`))
+			if handOff && lose.CompareAndSwap(true, false) {
+				req, err := http.NewRequestWithContext(r.Context(), r.Method, target.String()+r.URL.RequestURI(), bytes.NewReader(body))
+				if err == nil {
+					req.Header = r.Header.Clone()
+					var resp *http.Response
+					if resp, err = http.DefaultClient.Do(req); err == nil {
+						_, _ = io.Copy(io.Discard, resp.Body)
+						_ = resp.Body.Close()
+						if resp.StatusCode == http.StatusOK {
+							committed.Add(1)
+						}
+					}
+				}
+				http.Error(w, "rpc error making call: EOF", http.StatusInternalServerError)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	cfg := agent.Config()
+	cfg.Address = strings.TrimPrefix(proxy.URL, "http://")
+	storeA, err := consulstore.Open(cfg, consulstore.Options{})
+	require.NoError(t, err)
+	t.Cleanup(storeA.Close)
+	storeB, err := consulstore.Open(agent.Config(), consulstore.Options{})
+	require.NoError(t, err)
+	t.Cleanup(storeB.Close)
+	a := broker.New(storeA, zap.NewNop(), broker.WithReplicaID("a"))
+	t.Cleanup(a.Close)
+	b := broker.New(storeB, zap.NewNop(), broker.WithReplicaID("b"))
+	t.Cleanup(b.Close)
+	ctx := t.Context()
+
+	for _, tc := range []struct {
+		name      string
+		failReads int32
+	}{{"answer lost", 0}, {"answer and read lost", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "lostanswer/" + strings.ReplaceAll(tc.name, " ", "-")
+			holder := startHold(t, a, lockForever(key), nil)
+			first := holder.next(broker.EventAcquired).Sequencer
+			w := startHold(t, a, lockForever(key), nil)
+			w.next(broker.EventQueued)
+
+			committed.Store(0)
+			readKey.Store(key)
+			failReads.Store(tc.failReads)
+			lose.Store(true)
+			released, err := a.Release(ctx, key, first.Session, first.Token)
+			require.Equal(t, int32(1), committed.Load(), "the hand-off was committed, its answer lost")
+			if tc.failReads == 0 {
+				require.NoError(t, err, "the release happened")
+				assert.True(t, released)
+			} else {
+				// Nothing tells this replica what happened until a read
+				// answers; the release did happen, as a retry can tell.
+				t.Logf("Release, neither answer nor read: released=%v err=%v", released, err)
+			}
+
+			got := w.nextWithin(broker.EventAcquired, 20*time.Second).Sequencer
+			entries, _, err := storeB.List(ctx, key, true)
+			require.NoError(t, err)
+			require.Len(t, entries, 1)
+			require.Equal(t, got.Session, entries[0].Session, "the waiter's session holds the key")
+			assert.Equal(t, entries[0].ModifyIndex, got.Token, "the grant's token is the hand-off's index")
+
+			// The waiter's client resumes the hold on replica b (its
+			// replica a is going away), then closes its stream on a.
+			resumed := startHold(t, b, &broker.AcquireSpec{Key: key, WaitForever: true, Resume: &got}, nil)
+			rs := resumed.next(broker.EventAcquired).Sequencer
+			require.Equal(t, got.Token, rs.Token)
+			w.cancel()
+			select {
+			case <-w.done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the old stream's hold did not end")
+			}
+
+			// a must leave the resumed hold alone: b owns the session's
+			// record. A loss would show within the loss bound (1 s).
+			time.Sleep(1500 * time.Millisecond)
+			if e, ok := resumed.sent(broker.EventLost); ok {
+				t.Errorf("the resumed hold was lost after the old replica's stream ended: %v %s", e.Reason, e.Detail)
+			}
+			entries, _, err = storeB.List(ctx, key, true)
+			require.NoError(t, err)
+			require.Len(t, entries, 1)
+			assert.Equal(t, got.Session, entries[0].Session, "the key is still held by the resumed session")
+			_, err = storeB.Session(ctx, got.Session)
+			assert.NoError(t, err, "the session still exists")
+		})
+	}
+}
