@@ -39,7 +39,8 @@ import (
 // hands the grant over. "answer and read lost": the read fails too, and
 // the waiter finds the key its own later. Either way the waiter gets its
 // grant with the record's token, and a resume of it on a second replica
-// survives the end of the old stream.
+// survives the end of the old stream. "…, then a hand-off": the new
+// holder knows its record, so its own hand-off is one transaction again.
 func TestHandOffAnswerLost(t *testing.T) {
 	agent := consultest.Start(t)
 	target, err := url.Parse("http://" + agent.HTTPAddr())
@@ -100,7 +101,8 @@ func TestHandOffAnswerLost(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		failReads int32
-	}{{"answer lost", 0}, {"answer and read lost", 1}} {
+		handOn    bool // the new holder then hands the lock on, instead of resuming
+	}{{"answer lost", 0, false}, {"answer and read lost", 1, false}, {"answer and read lost, then a hand-off", 1, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "lostanswer/" + strings.ReplaceAll(tc.name, " ", "-")
 			holder := startHold(t, a, lockForever(key), nil)
@@ -129,6 +131,22 @@ func TestHandOffAnswerLost(t *testing.T) {
 			require.Len(t, entries, 1)
 			require.Equal(t, got.Session, entries[0].Session, "the waiter's session holds the key")
 			assert.Equal(t, entries[0].ModifyIndex, got.Token, "the grant's token is the hand-off's index")
+
+			if tc.handOn {
+				// The new holder knows the record its grant wrote: its own
+				// hand-off is one transaction, conditioned on it.
+				next := startHold(t, a, lockForever(key), nil)
+				next.next(broker.EventQueued)
+				before := storeA.OpCounts()["kv_txn_write"]
+				released, err := a.Release(ctx, key, got.Session, got.Token)
+				require.NoError(t, err)
+				require.True(t, released)
+				after := storeA.OpCounts()["kv_txn_write"]
+				seq := next.next(broker.EventAcquired).Sequencer
+				assert.Greater(t, seq.Token, got.Token)
+				assert.Equal(t, uint64(1), after-before, "the hand-off from the new holder is one transaction")
+				return
+			}
 
 			// The waiter's client resumes the hold on replica b (its
 			// replica a is going away), then closes its stream on a.
