@@ -134,7 +134,14 @@ func TestHandOffAnswerLost(t *testing.T) {
 
 			if tc.handOn {
 				// The new holder knows the record its grant wrote: its own
-				// hand-off is one transaction, conditioned on it.
+				// hand-off is one transaction, conditioned on it. The old
+				// holder's stream ends first (it learns that its hold is
+				// gone and cleans up): its writes are not counted.
+				select {
+				case <-holder.done:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the old holder's stream did not end")
+				}
 				next := startHold(t, a, lockForever(key), nil)
 				next.next(broker.EventQueued)
 				before := storeA.OpCounts()["kv_txn_write"]
