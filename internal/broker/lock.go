@@ -82,11 +82,17 @@ func (h *hold) ownGrant(ctx context.Context) error {
 	if !h.owned {
 		return nil
 	}
+	return h.reloadRecord(ctx)
+}
+
+// reloadRecord reads the session's record and makes it the hold's, unless
+// another replica owns it now (a broker-owned session resumed there).
+func (h *hold) reloadRecord(ctx context.Context) error {
 	rec, err := h.b.readRecord(ctx, h.session)
 	if err != nil {
 		return err
 	}
-	if rec.index != 0 && rec.Owner != h.owner {
+	if h.owned && rec.Owner != h.owner && rec.index != 0 {
 		return newError(ErrAborted, ReasonSessionLost, "the request's session %s is now owned by another replica", h.session)
 	}
 	h.setRecord(rec)
@@ -143,14 +149,9 @@ func (h *hold) txnFailure(ctx context.Context, err error, recAt int) error {
 		return errLockDelay
 	}
 	if te.Failed(recAt) {
-		rec, rerr := h.b.readRecord(ctx, h.session)
-		if rerr != nil {
-			return rerr
+		if err := h.reloadRecord(ctx); err != nil {
+			return err
 		}
-		if h.owned && rec.Owner != h.owner && rec.index != 0 {
-			return newError(ErrAborted, ReasonSessionLost, "the request's session %s is now owned by another replica", h.session)
-		}
-		h.setRecord(rec)
 	}
 	return errRace
 }
