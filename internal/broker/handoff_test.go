@@ -51,9 +51,7 @@ func TestHandOffAnnouncesFirst(t *testing.T) {
 			assert.True(t, told, "round %d: Release returned before the new holder's `acquired` was sent", i)
 		} else {
 			holder.cancel()
-			select {
-			case <-holder.done:
-			case <-time.After(10 * time.Second):
+			if !holder.ended(10 * time.Second) {
 				t.Fatalf("round %d: the cancelled holder did not end", i)
 			}
 			got, told = w.sent(broker.EventAcquired)

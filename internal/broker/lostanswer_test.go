@@ -137,9 +137,7 @@ func TestHandOffAnswerLost(t *testing.T) {
 				// hand-off is one transaction, conditioned on it. The old
 				// holder's stream ends first (it learns that its hold is
 				// gone and cleans up): its writes are not counted.
-				select {
-				case <-holder.done:
-				case <-time.After(10 * time.Second):
+				if !holder.ended(10 * time.Second) {
 					t.Fatal("the old holder's stream did not end")
 				}
 				next := startHold(t, a, lockForever(key), nil)
@@ -161,9 +159,7 @@ func TestHandOffAnswerLost(t *testing.T) {
 			rs := resumed.next(broker.EventAcquired).Sequencer
 			require.Equal(t, got.Token, rs.Token)
 			w.cancel()
-			select {
-			case <-w.done:
-			case <-time.After(10 * time.Second):
+			if !w.ended(10 * time.Second) {
 				t.Fatal("the old stream's hold did not end")
 			}
 

@@ -51,13 +51,21 @@ func startHold(t *testing.T, b *broker.Broker, spec *broker.AcquireSpec, before 
 	}()
 	t.Cleanup(func() {
 		cancel()
-		select {
-		case <-h.done:
-		case <-time.After(10 * time.Second):
+		if !h.ended(10 * time.Second) {
 			t.Errorf("the hold of %s did not end", spec.Key)
 		}
 	})
 	return h
+}
+
+// ended reports whether the hold's Acquire returned within d.
+func (h *testHold) ended(d time.Duration) bool {
+	select {
+	case <-h.done:
+		return true
+	case <-time.After(d):
+		return false
+	}
 }
 
 // next is the hold's next event of kind (others are skipped), within 5 s.

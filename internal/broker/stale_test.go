@@ -111,9 +111,7 @@ func TestWaiterBehindLocalHoldSkipsStaleHolderListing(t *testing.T) {
 	require.Len(t, q1.State.Holders, 1)
 	require.Equal(t, h1.Sequencer.Session, q1.State.Holders[0].Session)
 	h2 := s.handOff(h1, second)
-	select { // first's clean-up is done: the writes below are the third's
-	case <-first.done:
-	case <-time.After(5 * time.Second):
+	if !first.ended(5 * time.Second) { // first's clean-up is done: the writes below are the third's
 		t.Fatal("the first hold did not end after its release")
 	}
 
