@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -43,15 +40,12 @@ import (
 // holder knows its record, so its own hand-off is one transaction again.
 func TestHandOffAnswerLost(t *testing.T) {
 	agent := consultest.Start(t)
-	target, err := url.Parse("http://" + agent.HTTPAddr())
-	require.NoError(t, err)
 	var lose atomic.Bool
 	var failReads atomic.Int32 // consistent reads of the key still to fail
 	var committed atomic.Int32 // hand-offs Consul committed whose answer was lost
 	var readKey atomic.Value   // the key whose reads fail
 	readKey.Store("")
-	rp := httputil.NewSingleHostReverseProxy(target)
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cfg := agent.Intercept(t, func(w http.ResponseWriter, r *http.Request, next http.Handler) {
 		if r.Method == http.MethodGet && r.URL.Path == "/v1/kv/"+readKey.Load().(string) && r.URL.Query().Has("consistent") && failReads.Add(-1) >= 0 {
 			http.Error(w, "rpc error making call: EOF", http.StatusInternalServerError)
 			return
@@ -64,7 +58,7 @@ func TestHandOffAnswerLost(t *testing.T) {
 			}
 			handOff := bytes.Contains(body, []byte(`"Verb":"unlock"`)) && bytes.Contains(body, []byte(`"Verb":"lock"`))
 			if handOff && lose.CompareAndSwap(true, false) {
-				req, err := http.NewRequestWithContext(r.Context(), r.Method, target.String()+r.URL.RequestURI(), bytes.NewReader(body))
+				req, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+agent.HTTPAddr()+r.URL.RequestURI(), bytes.NewReader(body))
 				if err == nil {
 					req.Header = r.Header.Clone()
 					var resp *http.Response
@@ -81,11 +75,8 @@ func TestHandOffAnswerLost(t *testing.T) {
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(proxy.Close)
-	cfg := agent.Config()
-	cfg.Address = strings.TrimPrefix(proxy.URL, "http://")
+		next.ServeHTTP(w, r)
+	})
 	storeA, err := consulstore.Open(cfg, consulstore.Options{})
 	require.NoError(t, err)
 	t.Cleanup(storeA.Close)

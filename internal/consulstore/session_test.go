@@ -3,9 +3,6 @@ package consulstore
 import (
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -85,20 +82,14 @@ func TestSessionLifecycle(t *testing.T) {
 func TestRenewNotFoundIsConfirmed(t *testing.T) {
 	t.Parallel()
 	agent := consultest.Start(t)
-	target, err := url.Parse("http://" + agent.HTTPAddr())
-	require.NoError(t, err)
 	var stale atomic.Int32 // renewals still to answer "not found"
-	rp := httputil.NewSingleHostReverseProxy(target)
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	cfg := agent.Intercept(t, func(w http.ResponseWriter, r *http.Request, next http.Handler) {
 		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/session/renew/"); ok && stale.Add(-1) >= 0 {
 			http.Error(w, fmt.Sprintf("Session id '%s' not found", id), http.StatusNotFound)
 			return
 		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(proxy.Close)
-	cfg := agent.Config()
-	cfg.Address = strings.TrimPrefix(proxy.URL, "http://")
+		next.ServeHTTP(w, r)
+	})
 	s := openConfig(t, cfg, Options{})
 	ctx := t.Context()
 
