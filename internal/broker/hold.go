@@ -27,10 +27,11 @@ type hold struct {
 
 	sub    *sub
 	ren    *renewer
-	pooled *pooled // the pool's session this hold uses, if any
-	again  bool    // the pooled session held the key before (record.Again)
-	unsure bool    // a grant transaction was cut off in flight (see settle)
-	guard  *guard  // the session record's index, checked by the sweeper
+	pooled *pooled   // the pool's session this hold uses, if any
+	again  bool      // the pooled session held the key before (record.Again)
+	unsure bool      // a grant transaction was cut off in flight (see settle)
+	ahead  *heldRead // a resume's reads, started with its renewal (openResumed)
+	guard  *guard    // the session record's index, checked by the sweeper
 	// handedOver is the hand-off slot whose releaser waits until begin
 	// has announced the grant it delivered (see handOff).
 	handedOver *handoffSlot

@@ -15,6 +15,62 @@ func (b *Broker) readState(ctx context.Context, key string) (*State, error) {
 	return deriveState(key, under(key, entries), idx), nil
 }
 
+// readHold reads key's state and session's record, both consistently and
+// at once: one round trip to Consul, not two.
+func (b *Broker) readHold(ctx context.Context, key, session string) (*State, *record, error) {
+	return b.startReadHold(ctx, key, session).wait()
+}
+
+// heldRead is a readHold in flight (see startReadHold).
+type heldRead struct {
+	done   chan struct{}
+	cancel context.CancelFunc
+	st     *State
+	rec    *record
+	err    error
+}
+
+// startReadHold starts readHold's two reads; wait gives their answer. A
+// read whose answer is not wanted is waited for all the same, after its
+// context is cancelled, so that nothing outlives its caller.
+func (b *Broker) startReadHold(ctx context.Context, key, session string) *heldRead {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &heldRead{done: make(chan struct{}), cancel: cancel}
+	var rec *record
+	var recErr error
+	recDone := make(chan struct{})
+	go func() {
+		defer close(recDone)
+		rec, recErr = b.readRecord(ctx, session)
+	}()
+	go func() {
+		defer close(r.done)
+		r.st, r.err = b.readState(ctx, key)
+		<-recDone
+		if r.err == nil {
+			r.rec, r.err = rec, recErr
+		}
+	}()
+	return r
+}
+
+// wait returns the reads' answer: the state's error first, as readState
+// then readRecord would.
+func (r *heldRead) wait() (*State, *record, error) {
+	<-r.done
+	r.cancel()
+	if r.err != nil {
+		return nil, nil, r.err
+	}
+	return r.st, r.rec, nil
+}
+
+// abandon cancels the reads and waits for them to end.
+func (r *heldRead) abandon() {
+	r.cancel()
+	<-r.done
+}
+
 // GetLock returns key's state, read consistently, with exact tokens and
 // session names.
 func (b *Broker) GetLock(ctx context.Context, key string) (*State, error) {
@@ -60,11 +116,7 @@ func current(st *State, rec *record, seq Sequencer) (bool, string) {
 // CheckSequencer reports whether seq is still the current grant of its key,
 // and the key's state.
 func (b *Broker) CheckSequencer(ctx context.Context, seq Sequencer) (bool, *State, error) {
-	st, err := b.readState(ctx, seq.Key)
-	if err != nil {
-		return false, nil, err
-	}
-	rec, err := b.readRecord(ctx, seq.Session)
+	st, rec, err := b.readHold(ctx, seq.Key, seq.Session)
 	if err != nil {
 		return false, nil, err
 	}
