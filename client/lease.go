@@ -156,6 +156,27 @@ const clientMargin = 250 * time.Millisecond
 // giveUpAt is when the lease is reported lost without broker contact.
 func (l *Lease) giveUpAt() time.Time { return l.Deadline().Add(-clientMargin) }
 
+// stallShare: a stream silent for this share of the time it was last
+// guaranteed for is taken to be on a stalled replica (stopped, or cut off
+// from Consul and no longer renewing), and the lease resumes on another
+// while it is still guaranteed. A healthy stream speaks about every third
+// of it (the broker renews every TTL/3). Every lockbroker library uses this
+// share.
+const stallShare = 0.6
+
+// resumeAttempt bounds one resume attempt on one replica: a stopped
+// replica accepts the connection and never answers.
+const resumeAttempt = 3 * time.Second
+
+// stallAt is when a stream last heard at lastWord, guaranteed for
+// guaranteed, counts as stalled; zero when there is no other replica.
+func (l *Lease) stallAt(lastWord time.Time, guaranteed time.Duration) time.Time {
+	if len(l.c.locks) < 2 {
+		return time.Time{}
+	}
+	return lastWord.Add(time.Duration(stallShare * float64(guaranteed)))
+}
+
 // SetValue changes the holder's value; the sequencer stays the same.
 func (l *Lease) SetValue(ctx context.Context, value []byte) error {
 	_, err := l.locks().SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: l.key, SessionId: l.seq.GetSessionId(), Value: value, Token: l.seq.GetToken()})
@@ -230,7 +251,10 @@ func (l *Lease) run(stream lockbrokerv1.LockService_AcquireClient) {
 }
 
 // follow reads stream until the lease ends (returns its error) or the
-// stream breaks or the broker shuts down (returns nil: resume).
+// stream breaks, the broker shuts down or, with other replicas to go to,
+// stays silent too long (returns nil: resume). A silent stream is left
+// open: closing it would release the hold if its replica woke before the
+// resume moved it.
 func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
 	events := make(chan recvResult)
 	done := make(chan struct{})
@@ -248,10 +272,19 @@ func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
 			}
 		}
 	}()
+	now := time.Now()
+	stallAt := l.stallAt(now, l.Deadline().Sub(now))
 	for {
-		timer := time.NewTimer(time.Until(l.giveUpAt()))
+		wake := l.giveUpAt()
+		if !stallAt.IsZero() && stallAt.Before(wake) {
+			wake = stallAt
+		}
+		timer := time.NewTimer(time.Until(wake))
 		select {
 		case <-timer.C:
+			if time.Now().Before(l.giveUpAt()) {
+				return nil // stalled: resume elsewhere
+			}
 			return &LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Cause: CauseKeepaliveTimeout,
 				Detail: "no keepalive from the broker before the guaranteed deadline"}
 		case ev := <-events:
@@ -264,9 +297,11 @@ func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
 			}
 			switch e := ev.resp.GetEvent().(type) {
 			case *lockbrokerv1.AcquireResponse_Keepalive:
+				now, g := time.Now(), e.Keepalive.GetGuaranteedFor().AsDuration()
 				l.mu.Lock()
-				l.deadline = time.Now().Add(e.Keepalive.GetGuaranteedFor().AsDuration())
+				l.deadline = now.Add(g)
 				l.mu.Unlock()
+				stallAt = l.stallAt(now, g)
 			case *lockbrokerv1.AcquireResponse_Released:
 				l.mu.Lock()
 				own := l.releasing
@@ -343,20 +378,24 @@ func (l *Lease) resume() lockbrokerv1.LockService_AcquireClient {
 }
 
 // tryResume opens a resume stream on replica i and waits for `acquired`,
-// bounded by the lease's deadline.
+// bounded by the lease's deadline and resumeAttempt.
 func (l *Lease) tryResume(i int, req *lockbrokerv1.AcquireRequest) (lockbrokerv1.LockService_AcquireClient, error) {
 	sctx, cancel := context.WithCancel(context.Background())
+	t := time.AfterFunc(min(time.Until(l.giveUpAt()), resumeAttempt), cancel)
 	stream, err := l.c.locks[i].Acquire(sctx, req)
 	if err != nil {
+		t.Stop()
 		cancel()
+		if sctx.Err() != nil {
+			err = status.Error(codes.DeadlineExceeded, "resume attempt timed out")
+		}
 		return nil, err
 	}
-	t := time.AfterFunc(time.Until(l.giveUpAt()), cancel)
 	resp, err := stream.Recv()
 	if !t.Stop() || err != nil {
 		cancel()
-		if err == nil || sctx.Err() != nil { // past the deadline: not a refusal
-			err = status.Error(codes.DeadlineExceeded, "resume past the deadline")
+		if err == nil || sctx.Err() != nil { // timed out: not a refusal
+			err = status.Error(codes.DeadlineExceeded, "resume attempt timed out")
 		}
 		return nil, err
 	}

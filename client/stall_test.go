@@ -1,0 +1,100 @@
+package client_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockbroker/lockbroker/client"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// waitUntil polls cond every 20 ms until it holds or d passed.
+func waitUntil(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// A replica that stops (SIGSTOP: its connections stay open, its stream goes
+// silent) is left for another while the lease is still guaranteed: the
+// lease resumes there with the same grant instead of running out its
+// deadline. When the stopped replica continues, its copy of the hold yields
+// (the record moved) and the hold stays.
+func TestStalledReplicaIsLeftForAnother(t *testing.T) {
+	agent := consultest.Start(t)
+	a := brokertest.StartProcess(t, agent)
+	b := brokertest.StartProcess(t, agent)
+	c := client.New(dial(t, a.Addr), client.WithReplicas(dial(t, b.Addr)))
+	observer := client.New(dial(t, b.Addr))
+	key := "stall/left-for-another"
+
+	lease, err := c.Lock(ctx(t), key, client.WithTTL(10*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 0, lease.Replica())
+	seq := lease.Sequencer()
+	first := lease.Deadline()
+	require.True(t, waitUntil(10*time.Second, func() bool { return lease.Deadline().After(first) }), "a keepalive from A")
+
+	a.Stop()
+	stopped := time.Now()
+	known := lease.Deadline()
+	moved := waitUntil(time.Until(known)+2*time.Second, func() bool { return lease.Replica() == 1 || lease.Err() != nil })
+	t.Logf("left the stopped replica after %s (its last deadline was %s after the stop)", time.Since(stopped).Round(time.Millisecond), known.Sub(stopped).Round(time.Millisecond))
+	require.True(t, moved, "neither moved nor lost by the deadline")
+	require.NoError(t, lease.Err(), "lost instead of resumed on B")
+	assert.True(t, time.Now().Before(known), "resumed only after the deadline it had")
+	assert.Equal(t, seq.GetToken(), lease.Sequencer().GetToken())
+
+	a.Cont()
+	// A's copy wakes past its safe deadline with a session that B owns
+	// now: it must leave it alone. A keepalive from B, then the hold still
+	// current a while after A woke.
+	known = lease.Deadline()
+	require.True(t, waitUntil(10*time.Second, func() bool { return lease.Deadline().After(known) }), "a keepalive from B")
+	time.Sleep(2 * time.Second)
+	require.NoError(t, lease.Err())
+	ok, _, err := observer.CheckSequencer(ctx(t), lease.Sequencer())
+	require.NoError(t, err)
+	assert.True(t, ok, "the hold did not survive A waking up")
+	require.NoError(t, lease.Release(ctx(t)))
+}
+
+// When the next replica is stopped too, one resume attempt on it is
+// bounded: the lease goes on to a third replica before its deadline.
+func TestStalledResumeTargetIsLeftForTheNext(t *testing.T) {
+	agent := consultest.Start(t)
+	a := brokertest.StartProcess(t, agent)
+	b := brokertest.StartProcess(t, agent)
+	third := brokertest.StartProcess(t, agent)
+	c := client.New(dial(t, a.Addr), client.WithReplicas(dial(t, b.Addr), dial(t, third.Addr)))
+	key := "stall/resume-target-stalled"
+
+	// A TTL past the promise cap (14.5 s), so that a stall (0.6 of it) and
+	// one bounded attempt (3 s) fit well before the deadline.
+	lease, err := c.Lock(ctx(t), key, client.WithTTL(30*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 0, lease.Replica())
+	seq := lease.Sequencer()
+
+	b.Stop()
+	defer b.Cont()
+	a.Stop()
+	defer a.Cont()
+	stopped := time.Now()
+	known := lease.Deadline()
+	moved := waitUntil(time.Until(known)+2*time.Second, func() bool { return lease.Replica() == 2 || lease.Err() != nil })
+	t.Logf("resumed on the third replica after %s (its last deadline was %s after the stop)", time.Since(stopped).Round(time.Millisecond), known.Sub(stopped).Round(time.Millisecond))
+	require.True(t, moved, "neither moved nor lost by the deadline")
+	require.NoError(t, lease.Err(), "lost instead of resumed on the third replica")
+	assert.Equal(t, seq.GetToken(), lease.Sequencer().GetToken())
+	a.Cont()
+	b.Cont()
+	require.NoError(t, lease.Release(ctx(t)))
+}
