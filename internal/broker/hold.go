@@ -199,20 +199,7 @@ func (h *hold) openSession(ctx context.Context) error {
 	case s.Resume != nil:
 		return h.openResumed(ctx)
 	case s.SessionID != "":
-		info, err := h.st.Session(ctx, s.SessionID)
-		if err != nil {
-			return sessionError(err, s.SessionID)
-		}
-		h.session, h.ttl, h.del = info.ID, info.TTL, info.Delete
-		rec, err := h.b.readRecord(ctx, h.session)
-		if err != nil {
-			return err
-		}
-		if err := rec.allows(h.tenant); err != nil {
-			return err
-		}
-		h.rec = rec
-		return nil
+		return h.openClientSession(ctx)
 	}
 	if s.NewSession == nil && h.b.pools != nil {
 		if p := h.b.pools.forTenant(h.tenant); p != nil {
@@ -237,6 +224,27 @@ func (h *hold) openSession(ctx context.Context) error {
 		h.destroy(cctx)
 		return ctx.Err()
 	}
+	return nil
+}
+
+// openClientSession checks a client-owned session and reads its record,
+// both at once.
+func (h *hold) openClientSession(ctx context.Context) error {
+	id := h.spec.SessionID
+	readRec := async(func() (*record, error) { return h.b.readRecord(ctx, id) })
+	info, err := h.st.Session(ctx, id)
+	rec, recErr := readRec()
+	if err != nil {
+		return sessionError(err, id)
+	}
+	if recErr != nil {
+		return recErr
+	}
+	if err := rec.allows(h.tenant); err != nil {
+		return err
+	}
+	h.session, h.ttl, h.del = info.ID, info.TTL, info.Delete
+	h.rec = rec
 	return nil
 }
 

@@ -23,52 +23,55 @@ func (b *Broker) readHold(ctx context.Context, key, session string) (*State, *re
 
 // heldRead is a readHold in flight (see startReadHold).
 type heldRead struct {
-	done   chan struct{}
 	cancel context.CancelFunc
-	st     *State
-	rec    *record
-	err    error
+	st     func() (*State, error)
+	rec    func() (*record, error)
 }
 
-// startReadHold starts readHold's two reads; wait gives their answer. A
-// read whose answer is not wanted is waited for all the same, after its
-// context is cancelled, so that nothing outlives its caller.
+// startReadHold starts readHold's two reads; wait gives their answer.
 func (b *Broker) startReadHold(ctx context.Context, key, session string) *heldRead {
 	ctx, cancel := context.WithCancel(ctx)
-	r := &heldRead{done: make(chan struct{}), cancel: cancel}
-	var rec *record
-	var recErr error
-	recDone := make(chan struct{})
-	go func() {
-		defer close(recDone)
-		rec, recErr = b.readRecord(ctx, session)
-	}()
-	go func() {
-		defer close(r.done)
-		r.st, r.err = b.readState(ctx, key)
-		<-recDone
-		if r.err == nil {
-			r.rec, r.err = rec, recErr
-		}
-	}()
-	return r
+	return &heldRead{cancel: cancel,
+		st:  async(func() (*State, error) { return b.readState(ctx, key) }),
+		rec: async(func() (*record, error) { return b.readRecord(ctx, session) })}
 }
 
 // wait returns the reads' answer: the state's error first, as readState
 // then readRecord would.
 func (r *heldRead) wait() (*State, *record, error) {
-	<-r.done
+	st, err := r.st()
+	rec, recErr := r.rec()
 	r.cancel()
-	if r.err != nil {
-		return nil, nil, r.err
+	if err == nil {
+		err = recErr
 	}
-	return r.st, r.rec, nil
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, rec, nil
 }
 
-// abandon cancels the reads and waits for them to end.
+// abandon cancels the reads whose answer is not wanted, and waits for
+// them to end, so that nothing outlives their caller.
 func (r *heldRead) abandon() {
 	r.cancel()
-	<-r.done
+	_, _, _ = r.wait()
+}
+
+// async runs f on a goroutine of its own; the function it returns waits
+// for f's result.
+func async[T any](f func() (T, error)) func() (T, error) {
+	var v T
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v, err = f()
+	}()
+	return func() (T, error) {
+		<-done
+		return v, err
+	}
 }
 
 // GetLock returns key's state, read consistently, with exact tokens and
@@ -116,7 +119,15 @@ func current(st *State, rec *record, seq Sequencer) (bool, string) {
 // CheckSequencer reports whether seq is still the current grant of its key,
 // and the key's state.
 func (b *Broker) CheckSequencer(ctx context.Context, seq Sequencer) (bool, *State, error) {
-	st, rec, err := b.readHold(ctx, seq.Key, seq.Session)
+	// The state first, then the record, one after the other: no
+	// transaction follows to fail on a record older than the state, so
+	// the record must be the newer (a later grant to the same session then
+	// shows as "not current", never an old grant as current).
+	st, err := b.readState(ctx, seq.Key)
+	if err != nil {
+		return false, nil, err
+	}
+	rec, err := b.readRecord(ctx, seq.Session)
 	if err != nil {
 		return false, nil, err
 	}

@@ -147,11 +147,8 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 			return false, err, true
 		}
 		backoff(ctx, attempt)
-		if st, err = h.b.readState(ctx, h.spec.Key); err != nil {
-			return false, err, true
-		}
-		rec, err := h.b.readRecord(ctx, h.session)
-		if err != nil {
+		var rec *record
+		if st, rec, err = h.b.readHold(ctx, h.spec.Key, h.session); err != nil {
 			return false, err, true
 		}
 		h.setRecord(rec)
@@ -192,11 +189,7 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 		if attempt > 0 {
 			backoff(ctx, attempt)
 		}
-		st, err := b.readState(ctx, key)
-		if err != nil {
-			return false, err
-		}
-		rec, err := b.readRecord(ctx, session)
+		st, rec, err := b.readHold(ctx, key, session)
 		if err != nil {
 			return false, err
 		}
@@ -237,9 +230,11 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 
 // remoteReleaseOps release hd's hold on st and drop it from the record.
 func (b *Broker) remoteReleaseOps(ctx context.Context, st *State, rec *record, hd Holder, session string) ([]Op, error) {
-	var ops []Op
+	// Conditioned on the record as read (readHold reads it at the same
+	// time as the state, so it may be the older of the two).
+	ops := []Op{rec.guard()}
 	if rec.index != 0 && rec.live {
-		ops = append(ops, rec.writeOps(rec.without(st.Key))...)
+		ops = rec.writeOps(rec.without(st.Key))
 	}
 	if st.Kind == KindSemaphore {
 		leave, _, err := leaveOps(st, session)

@@ -7,11 +7,7 @@ import "context"
 // grant's value.
 func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte, token uint64) (*Sequencer, error) {
 	for range 20 {
-		st, err := b.readState(ctx, key)
-		if err != nil {
-			return nil, err
-		}
-		rec, err := b.readRecord(ctx, session)
+		st, rec, err := b.readHold(ctx, key, session)
 		if err != nil {
 			return nil, err
 		}
@@ -41,8 +37,11 @@ func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte
 			target, flags = contenderKey(key, session), SemaphoreFlagValue
 		}
 		// Still held by the session; with a token, by this very grant
-		// (its entry unchanged since the read).
-		ops := []Op{{Verb: OpCheckSession, Key: target, Session: session}}
+		// (its entry unchanged since the read). The record is as read
+		// too: readHold reads it at the same time as the state, so it may
+		// be the older of the two, and its token must still be the
+		// grant's.
+		ops := []Op{rec.guard(), {Verb: OpCheckSession, Key: target, Session: session}}
 		if token != 0 {
 			ops = append(ops, Op{Verb: OpCheckIndex, Key: target, Index: st.entry(target).ModifyIndex})
 		}
