@@ -11,10 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 
 	"github.com/lockbroker/lockbroker/internal/broker"
-	"github.com/lockbroker/lockbroker/internal/consulstore"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
@@ -77,16 +75,8 @@ func TestHandOffAnswerLost(t *testing.T) {
 		}
 		next.ServeHTTP(w, r)
 	})
-	storeA, err := consulstore.Open(cfg, consulstore.Options{})
-	require.NoError(t, err)
-	t.Cleanup(storeA.Close)
-	storeB, err := consulstore.Open(agent.Config(), consulstore.Options{})
-	require.NoError(t, err)
-	t.Cleanup(storeB.Close)
-	a := broker.New(storeA, zap.NewNop(), broker.WithReplicaID("a"))
-	t.Cleanup(a.Close)
-	b := broker.New(storeB, zap.NewNop(), broker.WithReplicaID("b"))
-	t.Cleanup(b.Close)
+	a, storeA := replica(t, cfg, "a")
+	b, storeB := replica(t, agent.Config(), "b")
 	ctx := t.Context()
 
 	for _, tc := range []struct {

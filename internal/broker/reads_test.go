@@ -10,10 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 
 	"github.com/lockbroker/lockbroker/internal/broker"
-	"github.com/lockbroker/lockbroker/internal/consulstore"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
@@ -99,16 +97,8 @@ func sessionInfo(r *http.Request) bool {
 func TestReadsGoTogether(t *testing.T) {
 	agent := consultest.Start(t)
 	var z rendezvous
-	storeB, err := consulstore.Open(agent.Intercept(t, z.handle), consulstore.Options{})
-	require.NoError(t, err)
-	t.Cleanup(storeB.Close)
-	storeA, err := consulstore.Open(agent.Config(), consulstore.Options{})
-	require.NoError(t, err)
-	t.Cleanup(storeA.Close)
-	a := broker.New(storeA, zap.NewNop(), broker.WithReplicaID("a"))
-	t.Cleanup(a.Close)
-	b := broker.New(storeB, zap.NewNop(), broker.WithReplicaID("b"))
-	t.Cleanup(b.Close)
+	a, storeA := replica(t, agent.Config(), "a")
+	b, _ := replica(t, agent.Intercept(t, z.handle), "b")
 	ctx := t.Context()
 
 	const key = "resume/reads-with-renewal"
@@ -170,22 +160,14 @@ func TestStaleRecordRefused(t *testing.T) {
 	const key = "reads/stale-record"
 	var holding atomic.Bool
 	arrived, resume := make(chan struct{}, 1), make(chan struct{})
-	storeB, err := consulstore.Open(agent.Intercept(t, func(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	a, storeA := replica(t, agent.Config(), "a")
+	b, _ := replica(t, agent.Intercept(t, func(w http.ResponseWriter, r *http.Request, next http.Handler) {
 		if consistentRead(r) && r.URL.Path == "/v1/kv/"+key && holding.CompareAndSwap(true, false) {
 			arrived <- struct{}{}
 			<-resume
 		}
 		next.ServeHTTP(w, r)
-	}), consulstore.Options{})
-	require.NoError(t, err)
-	t.Cleanup(storeB.Close)
-	storeA, err := consulstore.Open(agent.Config(), consulstore.Options{})
-	require.NoError(t, err)
-	t.Cleanup(storeA.Close)
-	a := broker.New(storeA, zap.NewNop(), broker.WithReplicaID("a"))
-	t.Cleanup(a.Close)
-	b := broker.New(storeB, zap.NewNop(), broker.WithReplicaID("b"))
-	t.Cleanup(b.Close)
+	}), "b")
 	ctx := t.Context()
 
 	owned, err := a.CreateSession(ctx, &broker.SessionSpec{TTL: 10 * time.Second})

@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
 	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/consulstore"
@@ -21,6 +23,19 @@ func startStore(t *testing.T, opts consulstore.Options) (*consultest.Agent, *con
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
 	return agent, store
+}
+
+// replica opens a Store on cfg and a broker with replica id on it, both
+// closed when the test ends (for tests that run two replicas on one agent,
+// one of them through consultest's Intercept).
+func replica(t *testing.T, cfg *api.Config, id string) (*broker.Broker, *consulstore.Store) {
+	t.Helper()
+	store, err := consulstore.Open(cfg, consulstore.Options{})
+	require.NoError(t, err)
+	t.Cleanup(store.Close)
+	b := broker.New(store, zap.NewNop(), broker.WithReplicaID(id))
+	t.Cleanup(b.Close)
+	return b, store
 }
 
 // testHold is one Broker.Acquire run on a goroutine of its own until the
