@@ -383,15 +383,10 @@ func (l *Lease) tryResume(i int, req *lockbrokerv1.AcquireRequest) (lockbrokerv1
 	sctx, cancel := context.WithCancel(context.Background())
 	t := time.AfterFunc(min(time.Until(l.giveUpAt()), resumeAttempt), cancel)
 	stream, err := l.c.locks[i].Acquire(sctx, req)
-	if err != nil {
-		t.Stop()
-		cancel()
-		if sctx.Err() != nil {
-			err = status.Error(codes.DeadlineExceeded, "resume attempt timed out")
-		}
-		return nil, err
+	var resp *lockbrokerv1.AcquireResponse
+	if err == nil {
+		resp, err = stream.Recv()
 	}
-	resp, err := stream.Recv()
 	if !t.Stop() || err != nil {
 		cancel()
 		if err == nil || sctx.Err() != nil { // timed out: not a refusal
