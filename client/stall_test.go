@@ -22,6 +22,21 @@ func waitUntil(d time.Duration, cond func() bool) bool {
 	return cond()
 }
 
+// awaitMove waits until the lease, whose replica stopped at stopped, is
+// held through replica to (or lost), bounded by its deadline + 2 s, and
+// requires the move with the same grant. It returns the deadline the
+// lease had at the stop.
+func awaitMove(t *testing.T, lease *client.Lease, to int, stopped time.Time) (known time.Time) {
+	t.Helper()
+	seq, known := lease.Sequencer(), lease.Deadline()
+	moved := waitUntil(time.Until(known)+2*time.Second, func() bool { return lease.Replica() == to || lease.Err() != nil })
+	t.Logf("moved to replica %d after %s (its last deadline was %s after the stop)", to, time.Since(stopped).Round(time.Millisecond), known.Sub(stopped).Round(time.Millisecond))
+	require.True(t, moved, "neither moved nor lost by the deadline")
+	require.NoError(t, lease.Err(), "lost instead of resumed on replica %d", to)
+	assert.Equal(t, seq.GetToken(), lease.Sequencer().GetToken())
+	return known
+}
+
 // A replica that stops (SIGSTOP: its connections stay open, its stream goes
 // silent) is left for another while the lease is still guaranteed: the
 // lease resumes there with the same grant instead of running out its
@@ -38,19 +53,12 @@ func TestStalledReplicaIsLeftForAnother(t *testing.T) {
 	lease, err := c.Lock(ctx(t), key, client.WithTTL(10*time.Second))
 	require.NoError(t, err)
 	require.Equal(t, 0, lease.Replica())
-	seq := lease.Sequencer()
 	first := lease.Deadline()
 	require.True(t, waitUntil(10*time.Second, func() bool { return lease.Deadline().After(first) }), "a keepalive from A")
 
 	a.Stop()
-	stopped := time.Now()
-	known := lease.Deadline()
-	moved := waitUntil(time.Until(known)+2*time.Second, func() bool { return lease.Replica() == 1 || lease.Err() != nil })
-	t.Logf("left the stopped replica after %s (its last deadline was %s after the stop)", time.Since(stopped).Round(time.Millisecond), known.Sub(stopped).Round(time.Millisecond))
-	require.True(t, moved, "neither moved nor lost by the deadline")
-	require.NoError(t, lease.Err(), "lost instead of resumed on B")
+	known := awaitMove(t, lease, 1, time.Now())
 	assert.True(t, time.Now().Before(known), "resumed only after the deadline it had")
-	assert.Equal(t, seq.GetToken(), lease.Sequencer().GetToken())
 
 	a.Cont()
 	// A's copy wakes past its safe deadline with a session that B owns
@@ -81,19 +89,12 @@ func TestStalledResumeTargetIsLeftForTheNext(t *testing.T) {
 	lease, err := c.Lock(ctx(t), key, client.WithTTL(30*time.Second))
 	require.NoError(t, err)
 	require.Equal(t, 0, lease.Replica())
-	seq := lease.Sequencer()
 
 	b.Stop()
 	defer b.Cont()
 	a.Stop()
 	defer a.Cont()
-	stopped := time.Now()
-	known := lease.Deadline()
-	moved := waitUntil(time.Until(known)+2*time.Second, func() bool { return lease.Replica() == 2 || lease.Err() != nil })
-	t.Logf("resumed on the third replica after %s (its last deadline was %s after the stop)", time.Since(stopped).Round(time.Millisecond), known.Sub(stopped).Round(time.Millisecond))
-	require.True(t, moved, "neither moved nor lost by the deadline")
-	require.NoError(t, lease.Err(), "lost instead of resumed on the third replica")
-	assert.Equal(t, seq.GetToken(), lease.Sequencer().GetToken())
+	awaitMove(t, lease, 2, time.Now())
 	a.Cont()
 	b.Cont()
 	require.NoError(t, lease.Release(ctx(t)))
