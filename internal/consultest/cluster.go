@@ -203,7 +203,7 @@ func (c *Cluster) launch(ctx context.Context, s *clusterServer) error {
 	err := waitHTTP(ctx, p.HTTPAddr(), p.done)
 	if err != nil {
 		stopErr := p.Stop()
-		if p.tail.contains("address already in use") {
+		if portConflict(p.tail) {
 			err = fmt.Errorf("%w: %w", errBind, err)
 		}
 		return fmt.Errorf("consultest: consul server %d on %s not up: %w\n--- last output ---\n%s",

@@ -168,6 +168,24 @@ func TestStartProcessPortTaken(t *testing.T) {
 	require.ErrorContains(t, err, "address already in use", "error quotes agent output")
 }
 
+// A port the harness picked that the caller's configuration also gives to
+// another listener (a test that picks its own HTTPS port can get the port
+// the harness then picks for HTTP; TestTLSFromEnvironment did in CI) is a
+// conflict to retry with fresh ports, like a taken one. Here the HTTP port
+// is fixed, so every retry conflicts again.
+func TestStartProcessPortGivenTwice(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	_, err = StartProcess(context.Background(), ProcessConfig{HTTPPort: port, HCL: []string{fmt.Sprintf("ports { https = %d }", port)}})
+	t.Logf("expected error:\n%v", err)
+	require.ErrorIs(t, err, errBind)
+	require.ErrorContains(t, err, "gave up after 3 attempts")
+	require.ErrorContains(t, err, "already configured for", "error quotes agent output")
+}
+
 func TestBinary(t *testing.T) {
 	bin, err := Binary()
 	require.NoError(t, err)

@@ -24,6 +24,15 @@ const (
 // errBind marks a start that failed because a port was already taken.
 var errBind = errors.New("port already in use")
 
+// portConflict says whether an agent's output shows a start that failed
+// on its ports: one already taken by another process, or one the harness
+// picked that the caller's configuration (WithHCL) also gives to another
+// listener, which Consul refuses as "… already configured for …". Both
+// are worth a retry with fresh ports.
+func portConflict(tail *tailBuffer) bool {
+	return tail.contains("address already in use") || tail.contains("already configured for")
+}
+
 // nodeSeq makes node names unique within this process.
 var nodeSeq atomic.Int64
 
@@ -151,7 +160,7 @@ func launch(ctx context.Context, cfg ProcessConfig, pp ports, node string) (*Pro
 	defer cancel()
 	if err := waitReady(ctx, p.HTTPAddr(), "127.0.0.1:"+strconv.Itoa(pp.Server), cfg.Token, cfg.HTTPS, p.done); err != nil {
 		stopErr := p.Stop()
-		if p.tail.contains("address already in use") {
+		if portConflict(p.tail) {
 			err = fmt.Errorf("%w: %w", errBind, err)
 		}
 		return nil, fmt.Errorf("consultest: consul agent on %s not ready: %w\n--- last agent output ---\n%s",
