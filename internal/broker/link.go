@@ -20,8 +20,10 @@ import (
 //     the guard ends this copy with RESUMED), then releases it.
 //
 // The server tells the two apart with WithConnGone: a channel closed when
-// the stream's connection ends. Without one (an in-process caller) every
-// end is a cancel.
+// the stream's connection is lost while the stream is live, before the
+// stream's context ends (a stream its client cancelled before the
+// connection closed never sees it closed). Without one (an in-process
+// caller) every end is a cancel.
 //
 // Every promise is also capped at the broker's promise bound (see
 // WithPromiseBound), so that a client that vanished is released within
@@ -42,7 +44,8 @@ const (
 type connGoneKey struct{}
 
 // WithConnGone returns ctx carrying gone, a channel closed when the
-// connection of the stream ctx belongs to ends.
+// connection of the stream ctx belongs to is lost while the stream is live,
+// before ctx ends.
 func WithConnGone(ctx context.Context, gone <-chan struct{}) context.Context {
 	if gone == nil {
 		return ctx
@@ -56,11 +59,10 @@ func connGone(ctx context.Context) <-chan struct{} {
 }
 
 // disconnected reports whether ctx ended because its connection was lost
-// (rather than cancelled by the client). gRPC closes a connection before
-// it cancels the connection's streams, so a stream cancelled while its
-// connection was still open was cancelled by the client (RST_STREAM),
-// even if the client closes the connection right after (a process that
-// cancels and exits).
+// (rather than cancelled by the client). The channel is closed before ctx
+// ends, and only if the connection went first, so once ctx has ended the
+// answer does not depend on when it is asked: a client that cancels and
+// then closes its connection (a process that exits) cancelled.
 func disconnected(ctx context.Context) bool {
 	gone := connGone(ctx)
 	if gone == nil {

@@ -19,8 +19,18 @@ import (
 // client cancelled is released at once (see internal/broker/link.go).
 // TrackConns is how the server tells them apart: it wraps the listener the
 // gRPC server serves, and each accepted connection is registered, by its
-// local and remote address, until it is closed (gRPC closes the
-// connection before it cancels the connection's streams).
+// local and remote address, until it is closed. Each hold's stream links
+// itself to its connection (withConnGone) until its context ends.
+//
+// gRPC closes a connection before it cancels the connection's streams,
+// and cancels a stream the client reset (RST_STREAM) as it reads the
+// reset, before it reads on. So when the connection is closed, a linked
+// stream whose context has not ended yet is being lost with it, and one
+// whose context has ended was cancelled by its client first, even if the
+// client closed the connection right after (a process that cancels and
+// exits). The decision is taken then, in Close, not when the hold gets
+// round to asking: a hold that asked after both had happened could not
+// tell them apart.
 
 // TrackConns wraps lis so that holds can tell a lost connection from a
 // cancel. Serve the gRPC server on the returned listener.
@@ -42,7 +52,7 @@ func (l *trackingListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return c, err
 	}
-	t := &trackedConn{Conn: c, gone: make(chan struct{}), key: connKey(c.LocalAddr(), c.RemoteAddr())}
+	t := &trackedConn{Conn: c, key: connKey(c.LocalAddr(), c.RemoteAddr())}
 	if sc, ok := c.(syscall.Conn); ok {
 		t.raw, _ = sc.SyscallConn()
 	}
@@ -56,10 +66,41 @@ func (l *trackingListener) Accept() (net.Conn, error) {
 
 type trackedConn struct {
 	net.Conn
-	raw  syscall.RawConn // nil when the connection has no file descriptor
-	key  string
-	gone chan struct{}
-	once sync.Once
+	raw syscall.RawConn // nil when the connection has no file descriptor
+	key string
+
+	mu     sync.Mutex
+	closed bool
+	links  map[*streamLink]struct{} // the linked streams whose context has not ended
+}
+
+// A streamLink is one stream's tie to its connection: lost is closed if the
+// connection is closed while the stream's context is still live.
+type streamLink struct {
+	ctx  context.Context
+	lost chan struct{}
+}
+
+// link ties the stream with context ctx to c and returns the channel that
+// closes if c is lost under it.
+func (c *trackedConn) link(ctx context.Context) <-chan struct{} {
+	l := &streamLink{ctx: ctx, lost: make(chan struct{})}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed { // the stream's context ends with the connection's close
+		close(l.lost)
+		return l.lost
+	}
+	if c.links == nil {
+		c.links = make(map[*streamLink]struct{})
+	}
+	c.links[l] = struct{}{}
+	context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		delete(c.links, l)
+		c.mu.Unlock()
+	})
+	return l.lost
 }
 
 // ReadOnReady waits until data has arrived, then reads it into a buffer
@@ -110,17 +151,26 @@ func (c *trackedConn) ReadOnReady(size int, pool mem.BufferPool) (*[]byte, int, 
 }
 
 func (c *trackedConn) Close() error {
-	c.once.Do(func() {
+	c.mu.Lock()
+	if !c.closed {
+		c.closed = true
 		if c.key != "" {
 			conns.CompareAndDelete(c.key, c)
 		}
-		close(c.gone)
-	})
+		for l := range c.links {
+			if l.ctx.Err() == nil { // not cancelled before: lost with c
+				close(l.lost)
+			}
+		}
+		c.links = nil
+	}
+	c.mu.Unlock()
 	return c.Conn.Close()
 }
 
-// withConnGone gives a stream's context the channel that closes when its
-// connection ends (unchanged when the connection is not tracked).
+// withConnGone links a stream to its connection and gives the stream's
+// context the channel that closes if the connection is lost under it
+// (unchanged when the connection is not tracked).
 func withConnGone(ctx context.Context) context.Context {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -130,5 +180,5 @@ func withConnGone(ctx context.Context) context.Context {
 	if !ok {
 		return ctx
 	}
-	return broker.WithConnGone(ctx, v.(*trackedConn).gone)
+	return broker.WithConnGone(ctx, v.(*trackedConn).link(ctx))
 }

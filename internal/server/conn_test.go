@@ -71,7 +71,7 @@ func TestTrackedConnReadOnReady(t *testing.T) {
 
 	t.Run("a connection without a descriptor", func(t *testing.T) {
 		a, peer := net.Pipe()
-		c := &trackedConn{Conn: a, gone: make(chan struct{})}
+		c := &trackedConn{Conn: a}
 		t.Cleanup(func() { _ = c.Close(); _ = peer.Close() })
 		pool := &countingPool{}
 		want := bytes.Repeat([]byte("0123456789abcdef"), 1024)
@@ -101,11 +101,6 @@ func TestTrackedConnReadOnReady(t *testing.T) {
 			t.Fatal("the read did not end when the connection closed")
 		}
 		assert.Zero(t, pool.out.Load())
-		select {
-		case <-c.gone:
-		default:
-			t.Fatal("closing did not mark the connection gone")
-		}
 	})
 
 	t.Run("a deadline ends it", func(t *testing.T) {
@@ -118,6 +113,45 @@ func TestTrackedConnReadOnReady(t *testing.T) {
 		require.True(t, errors.As(err, &ne) && ne.Timeout(), "%v", err)
 		assert.Zero(t, pool.out.Load())
 	})
+}
+
+// TestStreamLinks: closing a connection marks lost the linked streams
+// whose context is still live, and only those: a stream cancelled before
+// the close (a client that cancels, then exits) is not lost, however soon
+// after the close its hold asks. A stream linked after the close is lost;
+// a stream whose context ends is unlinked.
+func TestStreamLinks(t *testing.T) {
+	isClosed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	c, _ := acceptTracked(t)
+	liveCtx, stop := context.WithCancel(context.Background())
+	defer stop()
+	live := c.link(liveCtx)
+	cancelledCtx, cancel := context.WithCancel(context.Background())
+	cancelled := c.link(cancelledCtx)
+	endedCtx, end := context.WithCancel(context.Background())
+	ended := c.link(endedCtx)
+	end()
+	require.Eventually(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return len(c.links) == 2
+	}, 5*time.Second, time.Millisecond, "a stream whose context ended stays linked")
+	assert.False(t, isClosed(live) || isClosed(cancelled) || isClosed(ended), "lost before the connection closed")
+
+	cancel() // then close at once, before the link is dropped
+	require.NoError(t, c.Close())
+	assert.True(t, isClosed(live), "a live stream is not lost with its connection")
+	assert.False(t, isClosed(cancelled), "a stream cancelled before the close is lost with it")
+	assert.False(t, isClosed(ended))
+	assert.True(t, isClosed(c.link(context.Background())), "a stream linked after the close is not lost")
+	_ = c.Close() // a second close closes no channel twice
 }
 
 // readOnReadyToEOF reads c as gRPC does, in reads of 16 KiB, until
