@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -67,7 +68,11 @@ func (c *Client) acquire(ctx context.Context, key string, opts []LockOption) (*L
 	return nil, lastErr
 }
 
-// open runs one Acquire on replica i until `acquired`.
+// open runs one Acquire on replica i until `acquired`. With other replicas
+// to go to, a waiting stream silent for waitStallBeats of the broker's
+// heartbeats (AcquireQueued.heartbeat) is cancelled and the wait fails
+// UNAVAILABLE, so that acquire moves on: a stopped replica keeps its
+// connection and never answers.
 func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireRequest) (*Lease, error) {
 	sctx, cancel := context.WithCancel(context.Background())
 	stop := context.AfterFunc(ctx, cancel) // ctx bounds only the wait
@@ -80,6 +85,11 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 		}
 		return nil, asStatusError(err)
 	}
+	var silence *waitSilence
+	if len(c.locks) > 1 {
+		silence = &waitSilence{cancel: cancel}
+		defer silence.stop()
+	}
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -88,8 +98,12 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
+			if silence.fired() {
+				return nil, silence.err()
+			}
 			return nil, c.withHolders(ctx, req.GetKey(), asStatusError(err))
 		}
+		silence.heard(resp.GetQueued().GetHeartbeat().AsDuration())
 		if lost := resp.GetLost(); lost != nil {
 			// The grant came too late to be safe (see AcquireLost): no
 			// lease, and the broker's reason says why.
@@ -100,6 +114,10 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 			return nil, err
 		}
 		if a := resp.GetAcquired(); a != nil {
+			if !silence.stop() { // cancelled as the grant came
+				stop()
+				return nil, silence.err()
+			}
 			if !stop() {
 				cancel()
 				return nil, ctx.Err()
@@ -113,6 +131,59 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 			return l, nil
 		}
 	}
+}
+
+// waitStallBeats: a waiting stream that hears nothing for this many of its
+// broker's heartbeats is taken for stalled.
+const waitStallBeats = 3
+
+// waitSilence cancels a waiting stream that stays silent for
+// waitStallBeats heartbeats (a nil *waitSilence does nothing: one replica,
+// nowhere to go).
+type waitSilence struct {
+	cancel context.CancelFunc
+	every  time.Duration // the last heartbeat announced
+	timer  *time.Timer
+	gone   atomic.Bool // the timer cancelled the stream
+}
+
+// heard restarts the count on an event; heartbeat is the one announced
+// (0 with events other than queued: the last one stands).
+func (s *waitSilence) heard(heartbeat time.Duration) {
+	if s == nil {
+		return
+	}
+	if heartbeat > 0 {
+		s.every = heartbeat
+	}
+	if s.every == 0 {
+		return // a broker without heartbeats: silence tells nothing
+	}
+	if s.timer == nil {
+		s.timer = time.AfterFunc(waitStallBeats*s.every, func() {
+			s.gone.Store(true)
+			s.cancel()
+		})
+		return
+	}
+	s.timer.Reset(waitStallBeats * s.every)
+}
+
+// stop ends the count; false when the stream was already cancelled.
+func (s *waitSilence) stop() bool {
+	if s == nil {
+		return true
+	}
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	return !s.gone.Load()
+}
+
+func (s *waitSilence) fired() bool { return s != nil && s.gone.Load() }
+
+func (s *waitSilence) err() error {
+	return asStatusError(status.Errorf(codes.Unavailable, "the replica was silent for %d heartbeats of %s while the request waited", waitStallBeats, s.every))
 }
 
 // Lost is closed when the lease ends: lost, released, or past its

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockbroker/lockbroker/client"
+	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
@@ -98,4 +99,59 @@ func TestStalledResumeTargetIsLeftForTheNext(t *testing.T) {
 	a.Cont()
 	b.Cont()
 	require.NoError(t, lease.Release(ctx(t)))
+}
+
+// A request waiting on a replica that stops is moved to another after
+// three of the broker's heartbeats of silence, and gets the key there when
+// its holder lets go, instead of waiting on the stopped replica until its
+// caller gives up. When the stopped replica continues, the waiter it kept
+// (cancelled by the client) takes nothing from the one that moved.
+func TestStalledWaiterIsMovedToAnother(t *testing.T) {
+	agent := consultest.Start(t)
+	a := brokertest.StartProcess(t, agent)
+	b := brokertest.StartProcess(t, agent)
+	holderClient := client.New(dial(t, b.Addr))
+	waiterClient := client.New(dial(t, a.Addr), client.WithReplicas(dial(t, b.Addr)))
+	key := "stall/waiter-moved"
+	opts := []client.LockOption{client.WithTTL(10 * time.Second), client.WithLockDelay(0)}
+
+	holder, err := holderClient.Lock(ctx(t), key, opts...)
+	require.NoError(t, err)
+	type result struct {
+		lease *client.Lease
+		err   error
+		at    time.Time
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := waiterClient.Lock(ctx(t), key, opts...)
+		got <- result{l, err, time.Now()}
+	}()
+	// The waiter is queued on A (the holder's hold is the only one).
+	time.Sleep(500 * time.Millisecond)
+	a.Stop()
+	stopped := time.Now()
+	time.Sleep(500 * time.Millisecond)
+	require.NoError(t, holder.Release(ctx(t)))
+	released := time.Now()
+
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(20 * time.Second):
+		a.Cont()
+		t.Fatal("the waiter was still waiting 20 s after the release")
+	}
+	require.NoError(t, r.err)
+	t.Logf("the waiter got the key on replica %d %s after A stopped (%s after the release)", r.lease.Replica(), r.at.Sub(stopped).Round(time.Millisecond), r.at.Sub(released).Round(time.Millisecond))
+	assert.Equal(t, 1, r.lease.Replica())
+	assert.Less(t, r.at.Sub(stopped), 3*broker.QueuedHeartbeat+3*time.Second, "moved only after")
+
+	a.Cont()
+	time.Sleep(2 * time.Second) // A reads the cancel it was sent while stopped
+	require.NoError(t, r.lease.Err())
+	ok, _, err := holderClient.CheckSequencer(ctx(t), r.lease.Sequencer())
+	require.NoError(t, err)
+	assert.True(t, ok, "the moved waiter's hold did not survive A waking up")
+	require.NoError(t, r.lease.Release(ctx(t)))
 }

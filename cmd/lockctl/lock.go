@@ -191,6 +191,7 @@ func (f *lockFlags) request(key string) *lockbrokerv1.AcquireRequest {
 // broker's message naming the holders; a signal gives up the wait and exits
 // 128+N.
 func awaitAcquired(c *cli, f *lockFlags, key string, events <-chan recvResult, sigs <-chan os.Signal) (*lockbrokerv1.AcquireAcquired, error) {
+	var said string // the last "waiting" line: a heartbeat repeats it
 	for {
 		select {
 		case s := <-sigs:
@@ -207,7 +208,10 @@ func awaitAcquired(c *cli, f *lockFlags, key string, events <-chan recvResult, s
 					if d := e.Queued.GetLockDelayRemaining(); d != nil && d.AsDuration() > 0 {
 						msg += fmt.Sprintf(" (Consul lock-delay: %v left)", d.AsDuration().Round(time.Millisecond))
 					}
-					fmt.Fprintln(c.stderr, "lockctl: "+msg)
+					if msg != said {
+						fmt.Fprintln(c.stderr, "lockctl: "+msg)
+						said = msg
+					}
 				}
 			case *lockbrokerv1.AcquireResponse_Acquired:
 				seq := e.Acquired.GetSequencer()

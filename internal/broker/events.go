@@ -32,10 +32,12 @@ const (
 type Event struct {
 	Kind EventKind
 	// Queued: the state in the way, the lock-delay left (0 when it is not
-	// what blocks), and the waiting session.
+	// what blocks), the waiting session, and the heartbeat.
 	State              *State
 	LockDelayRemaining time.Duration
 	Session            string
+	// Queued: how often `queued` comes again while nothing changes.
+	Heartbeat time.Duration
 	// Acquired, Released: the grant. Acquired, Keepalive: how long it is
 	// guaranteed from now (0: unknown, a client-owned session).
 	Sequencer     Sequencer

@@ -28,7 +28,15 @@ type waiter struct {
 	races       int
 	fresh       bool         // the state comes from a consistent read made just now
 	slot        *handoffSlot // offered while sleeping (see handoff.go)
+	delayEnds   time.Time    // when the lock-delay last reported ends (zero: none)
 }
+
+// QueuedHeartbeat is how often a waiting request hears `queued` again when
+// nothing changed (AcquireQueued.heartbeat): a waiter hears from its
+// replica only when the key's holders change, so without it a client
+// could not tell a stopped replica from a quiet key. The libraries move a
+// waiting request to another replica after three heartbeats of silence.
+const QueuedHeartbeat = 2 * time.Second
 
 // wait is the waiting loop: attempt, and when busy, report who is in the
 // way and sleep until the key changes (the shared watch), the lock-delay
@@ -112,27 +120,47 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 		delayTimer = time.After(delayLeft)
 	}
 	w.fresh = false
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-h.b.shutdown:
-		return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
-	case <-timeout:
-		h.b.fillTokens(ctx, st)
-		return nil, holdersError(ErrTimeout, ReasonWaitTimeout, st)
-	case err := <-failed:
-		return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
-	case <-delayTimer:
-	case <-w.readyChan():
-	case <-h.sub.wake:
-		if next, _ := h.sub.state(); next != nil {
-			if len(st.Holders) > 0 && len(next.Holders) == 0 {
-				w.lastHolders, w.freedAt = st.Holders, time.Now()
+	beat := time.NewTimer(QueuedHeartbeat)
+	defer beat.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-h.b.shutdown:
+			return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
+		case <-timeout:
+			h.b.fillTokens(ctx, st)
+			return nil, holdersError(ErrTimeout, ReasonWaitTimeout, st)
+		case err := <-failed:
+			return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
+		case <-beat.C:
+			if err := w.heartbeat(); err != nil {
+				return nil, err
 			}
-			return next, nil
+			beat.Reset(QueuedHeartbeat)
+			continue
+		case <-delayTimer:
+		case <-w.readyChan():
+		case <-h.sub.wake:
+			if next, _ := h.sub.state(); next != nil {
+				if len(st.Holders) > 0 && len(next.Holders) == 0 {
+					w.lastHolders, w.freedAt = st.Holders, time.Now()
+				}
+				return next, nil
+			}
 		}
+		return st, nil
 	}
-	return st, nil
+}
+
+// heartbeat sends the last `queued` again: nothing changed, and the
+// replica is alive.
+func (w *waiter) heartbeat() error {
+	var left time.Duration
+	if !w.delayEnds.IsZero() {
+		left = max(time.Until(w.delayEnds), time.Millisecond)
+	}
+	return w.h.send(Event{Kind: EventQueued, State: w.queued, LockDelayRemaining: left, Session: w.h.session, Heartbeat: QueuedHeartbeat})
 }
 
 // staleListing says whether st, a lock's state from the shared watch,
@@ -299,8 +327,12 @@ func (w *waiter) report(ctx context.Context, st *State, delayLeft time.Duration)
 		return nil
 	}
 	w.queued = st
+	w.delayEnds = time.Time{}
+	if delayLeft > 0 {
+		w.delayEnds = time.Now().Add(delayLeft)
+	}
 	h.b.fillTokensCached(st)
-	return h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: h.session})
+	return h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: h.session, Heartbeat: QueuedHeartbeat})
 }
 
 // turn says whether this waiter may attempt on st: there is a free slot

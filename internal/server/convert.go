@@ -97,6 +97,9 @@ func eventToProto(e broker.Event) *lockbrokerv1.AcquireResponse {
 	switch e.Kind {
 	case broker.EventQueued:
 		q := &lockbrokerv1.AcquireQueued{State: stateToProto(e.State), SessionId: e.Session}
+		if e.Heartbeat > 0 {
+			q.Heartbeat = durationpb.New(e.Heartbeat)
+		}
 		if e.LockDelayRemaining > 0 {
 			q.LockDelayRemaining = durationpb.New(e.LockDelayRemaining)
 		}

@@ -30,6 +30,23 @@ func TestLock(t *testing.T) {
 	t.Run("Lost", func(t *testing.T) { t.Parallel(); testLost(t, h) })
 	t.Run("Semaphore", func(t *testing.T) { t.Parallel(); testSemaphore(t, h) })
 	t.Run("NoLockDelay", func(t *testing.T) { t.Parallel(); testNoLockDelay(t, h) })
+	t.Run("VerboseWait", func(t *testing.T) { t.Parallel(); testVerboseWait(t, h) })
+}
+
+// testVerboseWait: with -v, a wait is reported once per change of the
+// holders, not once per heartbeat of the broker (a `queued` every 2 s).
+func testVerboseWait(t *testing.T, h *harness) {
+	const key = "lockctl-test/verbose-wait"
+	file := filepath.Join(t.TempDir(), "holder")
+	holder := h.start(t, nil, "lock", key, "--", "sh", "-c", `echo "$LOCKBROKER_SESSION" > "$0"; exec sleep 60`, file)
+	session := holder.waitFile(t, file)[0]
+	code, stdout, stderr := h.run(t, nil, "lock", "-v", "--timeout", "5s", key, "--", "sh", "-c", "echo must not run; exit 99")
+	assert.Equal(t, exitTimeout, code, "stderr: %s", stderr)
+	assert.Empty(t, stdout, "the command must not run")
+	assert.Equal(t, 1, strings.Count(stderr, "lockctl: waiting: "), "one waiting line over two heartbeats, got %q", stderr)
+	assert.Contains(t, stderr, session, "the waiting line names the holder's session")
+	_ = holder.cmd.Process.Signal(syscall.SIGTERM)
+	assert.Equal(t, 128+int(syscall.SIGTERM), holder.wait(t, 15*time.Second), "stderr: %s", holder.stderr.String())
 }
 
 // hold is one run of the locked command, as recordHold logged it.

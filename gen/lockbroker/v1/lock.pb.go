@@ -578,7 +578,8 @@ type isAcquireResponse_Event interface {
 }
 
 type AcquireResponse_Queued struct {
-	// Waiting: sent on entry and whenever the holders change while waiting.
+	// Waiting: sent on entry, whenever the holders change while waiting,
+	// and again every `heartbeat` when nothing changed.
 	Queued *AcquireQueued `protobuf:"bytes,1,opt,name=queued,proto3,oneof"`
 }
 
@@ -622,7 +623,14 @@ type AcquireQueued struct {
 	LockDelayRemaining *durationpb.Duration `protobuf:"bytes,2,opt,name=lock_delay_remaining,json=lockDelayRemaining,proto3" json:"lock_delay_remaining,omitempty"`
 	// The session this request waits with (so it can be released from
 	// elsewhere, or resumed).
-	SessionId     string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionId string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// While the request waits, the broker sends `queued` again at least this
+	// often when nothing changed (2s), so that a waiting client can tell a
+	// stopped or stalled replica from a quiet key. A client that hears
+	// nothing on a waiting stream for three heartbeats may cancel it and wait
+	// on another replica; the client libraries do. Unset from brokers that
+	// do not send heartbeats.
+	Heartbeat     *durationpb.Duration `protobuf:"bytes,4,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -676,6 +684,13 @@ func (x *AcquireQueued) GetSessionId() string {
 		return x.SessionId
 	}
 	return ""
+}
+
+func (x *AcquireQueued) GetHeartbeat() *durationpb.Duration {
+	if x != nil {
+		return x.Heartbeat
+	}
+	return nil
 }
 
 // AcquireAcquired reports the grant.
@@ -1524,12 +1539,13 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\tkeepalive\x18\x03 \x01(\v2\x1f.lockbroker.v1.AcquireKeepaliveH\x00R\tkeepalive\x120\n" +
 	"\x04lost\x18\x04 \x01(\v2\x1a.lockbroker.v1.AcquireLostH\x00R\x04lost\x12<\n" +
 	"\breleased\x18\x05 \x01(\v2\x1e.lockbroker.v1.AcquireReleasedH\x00R\breleasedB\a\n" +
-	"\x05event\"\xab\x01\n" +
+	"\x05event\"\xe4\x01\n" +
 	"\rAcquireQueued\x12.\n" +
 	"\x05state\x18\x01 \x01(\v2\x18.lockbroker.v1.LockStateR\x05state\x12K\n" +
 	"\x14lock_delay_remaining\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x12lockDelayRemaining\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x03 \x01(\tR\tsessionId\"\xa5\x01\n" +
+	"session_id\x18\x03 \x01(\tR\tsessionId\x127\n" +
+	"\theartbeat\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\theartbeat\"\xa5\x01\n" +
 	"\x0fAcquireAcquired\x126\n" +
 	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\x12@\n" +
 	"\x0eguaranteed_for\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\x12\x18\n" +
@@ -1656,36 +1672,37 @@ var file_lockbroker_v1_lock_proto_depIdxs = []int32{
 	10, // 10: lockbroker.v1.AcquireResponse.released:type_name -> lockbroker.v1.AcquireReleased
 	24, // 11: lockbroker.v1.AcquireQueued.state:type_name -> lockbroker.v1.LockState
 	22, // 12: lockbroker.v1.AcquireQueued.lock_delay_remaining:type_name -> google.protobuf.Duration
-	21, // 13: lockbroker.v1.AcquireAcquired.sequencer:type_name -> lockbroker.v1.Sequencer
-	22, // 14: lockbroker.v1.AcquireAcquired.guaranteed_for:type_name -> google.protobuf.Duration
-	22, // 15: lockbroker.v1.AcquireKeepalive.guaranteed_for:type_name -> google.protobuf.Duration
-	1,  // 16: lockbroker.v1.AcquireLost.reason:type_name -> lockbroker.v1.LostReason
-	22, // 17: lockbroker.v1.AcquireLost.guaranteed_for:type_name -> google.protobuf.Duration
-	21, // 18: lockbroker.v1.AcquireReleased.sequencer:type_name -> lockbroker.v1.Sequencer
-	24, // 19: lockbroker.v1.WatchResponse.state:type_name -> lockbroker.v1.LockState
-	24, // 20: lockbroker.v1.GetLockResponse.state:type_name -> lockbroker.v1.LockState
-	21, // 21: lockbroker.v1.SetValueResponse.sequencer:type_name -> lockbroker.v1.Sequencer
-	21, // 22: lockbroker.v1.CheckSequencerRequest.sequencer:type_name -> lockbroker.v1.Sequencer
-	24, // 23: lockbroker.v1.CheckSequencerResponse.state:type_name -> lockbroker.v1.LockState
-	4,  // 24: lockbroker.v1.LockService.Acquire:input_type -> lockbroker.v1.AcquireRequest
-	11, // 25: lockbroker.v1.LockService.Release:input_type -> lockbroker.v1.ReleaseRequest
-	13, // 26: lockbroker.v1.LockService.Watch:input_type -> lockbroker.v1.WatchRequest
-	15, // 27: lockbroker.v1.LockService.GetLock:input_type -> lockbroker.v1.GetLockRequest
-	17, // 28: lockbroker.v1.LockService.SetValue:input_type -> lockbroker.v1.SetValueRequest
-	19, // 29: lockbroker.v1.LockService.CheckSequencer:input_type -> lockbroker.v1.CheckSequencerRequest
-	2,  // 30: lockbroker.v1.LockService.TryAcquire:input_type -> lockbroker.v1.TryAcquireRequest
-	5,  // 31: lockbroker.v1.LockService.Acquire:output_type -> lockbroker.v1.AcquireResponse
-	12, // 32: lockbroker.v1.LockService.Release:output_type -> lockbroker.v1.ReleaseResponse
-	14, // 33: lockbroker.v1.LockService.Watch:output_type -> lockbroker.v1.WatchResponse
-	16, // 34: lockbroker.v1.LockService.GetLock:output_type -> lockbroker.v1.GetLockResponse
-	18, // 35: lockbroker.v1.LockService.SetValue:output_type -> lockbroker.v1.SetValueResponse
-	20, // 36: lockbroker.v1.LockService.CheckSequencer:output_type -> lockbroker.v1.CheckSequencerResponse
-	3,  // 37: lockbroker.v1.LockService.TryAcquire:output_type -> lockbroker.v1.TryAcquireResponse
-	31, // [31:38] is the sub-list for method output_type
-	24, // [24:31] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	22, // 13: lockbroker.v1.AcquireQueued.heartbeat:type_name -> google.protobuf.Duration
+	21, // 14: lockbroker.v1.AcquireAcquired.sequencer:type_name -> lockbroker.v1.Sequencer
+	22, // 15: lockbroker.v1.AcquireAcquired.guaranteed_for:type_name -> google.protobuf.Duration
+	22, // 16: lockbroker.v1.AcquireKeepalive.guaranteed_for:type_name -> google.protobuf.Duration
+	1,  // 17: lockbroker.v1.AcquireLost.reason:type_name -> lockbroker.v1.LostReason
+	22, // 18: lockbroker.v1.AcquireLost.guaranteed_for:type_name -> google.protobuf.Duration
+	21, // 19: lockbroker.v1.AcquireReleased.sequencer:type_name -> lockbroker.v1.Sequencer
+	24, // 20: lockbroker.v1.WatchResponse.state:type_name -> lockbroker.v1.LockState
+	24, // 21: lockbroker.v1.GetLockResponse.state:type_name -> lockbroker.v1.LockState
+	21, // 22: lockbroker.v1.SetValueResponse.sequencer:type_name -> lockbroker.v1.Sequencer
+	21, // 23: lockbroker.v1.CheckSequencerRequest.sequencer:type_name -> lockbroker.v1.Sequencer
+	24, // 24: lockbroker.v1.CheckSequencerResponse.state:type_name -> lockbroker.v1.LockState
+	4,  // 25: lockbroker.v1.LockService.Acquire:input_type -> lockbroker.v1.AcquireRequest
+	11, // 26: lockbroker.v1.LockService.Release:input_type -> lockbroker.v1.ReleaseRequest
+	13, // 27: lockbroker.v1.LockService.Watch:input_type -> lockbroker.v1.WatchRequest
+	15, // 28: lockbroker.v1.LockService.GetLock:input_type -> lockbroker.v1.GetLockRequest
+	17, // 29: lockbroker.v1.LockService.SetValue:input_type -> lockbroker.v1.SetValueRequest
+	19, // 30: lockbroker.v1.LockService.CheckSequencer:input_type -> lockbroker.v1.CheckSequencerRequest
+	2,  // 31: lockbroker.v1.LockService.TryAcquire:input_type -> lockbroker.v1.TryAcquireRequest
+	5,  // 32: lockbroker.v1.LockService.Acquire:output_type -> lockbroker.v1.AcquireResponse
+	12, // 33: lockbroker.v1.LockService.Release:output_type -> lockbroker.v1.ReleaseResponse
+	14, // 34: lockbroker.v1.LockService.Watch:output_type -> lockbroker.v1.WatchResponse
+	16, // 35: lockbroker.v1.LockService.GetLock:output_type -> lockbroker.v1.GetLockResponse
+	18, // 36: lockbroker.v1.LockService.SetValue:output_type -> lockbroker.v1.SetValueResponse
+	20, // 37: lockbroker.v1.LockService.CheckSequencer:output_type -> lockbroker.v1.CheckSequencerResponse
+	3,  // 38: lockbroker.v1.LockService.TryAcquire:output_type -> lockbroker.v1.TryAcquireResponse
+	32, // [32:39] is the sub-list for method output_type
+	25, // [25:32] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_lockbroker_v1_lock_proto_init() }

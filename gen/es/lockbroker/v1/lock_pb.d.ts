@@ -207,7 +207,8 @@ export declare type AcquireResponse = Message<"lockbroker.v1.AcquireResponse"> &
    */
   event: {
     /**
-     * Waiting: sent on entry and whenever the holders change while waiting.
+     * Waiting: sent on entry, whenever the holders change while waiting,
+     * and again every `heartbeat` when nothing changed.
      *
      * @generated from field: lockbroker.v1.AcquireQueued queued = 1;
      */
@@ -282,6 +283,18 @@ export declare type AcquireQueued = Message<"lockbroker.v1.AcquireQueued"> & {
    * @generated from field: string session_id = 3;
    */
   sessionId: string;
+
+  /**
+   * While the request waits, the broker sends `queued` again at least this
+   * often when nothing changed (2s), so that a waiting client can tell a
+   * stopped or stalled replica from a quiet key. A client that hears
+   * nothing on a waiting stream for three heartbeats may cancel it and wait
+   * on another replica; the client libraries do. Unset from brokers that
+   * do not send heartbeats.
+   *
+   * @generated from field: google.protobuf.Duration heartbeat = 4;
+   */
+  heartbeat?: Duration | undefined;
 };
 
 /**
