@@ -43,6 +43,11 @@ export const CLIENT_MARGIN_MS = 250;
 const STALL_SHARE = 0.6;
 /** Longest single resume attempt on one replica (ms). */
 const RESUME_ATTEMPT_MS = 3000;
+/**
+ * A waiting stream silent for this many of its broker's heartbeats
+ * (AcquireQueued.heartbeat) is taken to be on a stalled replica.
+ */
+const WAIT_STALL_BEATS = 3;
 
 const now = () => performance.now();
 const toEpoch = (mono) => performance.timeOrigin + mono;
@@ -155,9 +160,9 @@ export class Client {
     const scheme = tls ? "https" : "http";
     const nodeOptions = tlsOptions(tls);
     // HTTP/2 keepalive: a connection whose peer stops answering pings (a
-    // stopped or vanished replica) is closed after about 15 s, so a waiting
-    // lock() or a watch fails over instead of hanging. The broker permits
-    // client pings every 5 s or more.
+    // stopped or vanished replica) is closed after about 15 s, so a watch,
+    // or a lock() waiting on a broker that sends no heartbeats, fails over
+    // instead of hanging. The broker permits client pings every 5 s or more.
     const ping = { pingIntervalMs: 10_000, pingTimeoutMs: 5_000 };
     this._managers = this.targets.map((t) => new Http2SessionManager(`${scheme}://${t}`, ping, nodeOptions));
     const transports = this.targets.map((t, i) =>
@@ -260,14 +265,38 @@ export class Client {
     throw last;
   }
 
+  // When a waiting stream last heard from at `heard` is taken for stalled:
+  // after WAIT_STALL_BEATS of the heartbeats its broker announced. A waiter
+  // hears from its replica only when the key's holders change, and a
+  // stopped replica (SIGSTOP) keeps its connection, so without heartbeats
+  // silence tells nothing; with one replica there is nowhere else to wait.
+  _waitStallAt(heard, heartbeatMs) {
+    return this.targets.length < 2 || heartbeatMs === 0 ? Infinity : heard + WAIT_STALL_BEATS * heartbeatMs;
+  }
+
+  // Reads one Acquire stream until `acquired`. A stalled replica fails the
+  // attempt with UnavailableError, as a broken stream does, so _acquire
+  // cancels the stream (the broker releases a grant it sent meanwhile) and
+  // moves to the next replica.
   async _awaitGrant(i, req, reader, localEnd, signal) {
+    let heartbeat = 0; // ms, as the broker last announced it
+    let stallAt = Infinity;
     for (;;) {
-      const timeout = localEnd === undefined ? undefined : localEnd - now();
-      if (timeout !== undefined && timeout <= 0) {
+      const t0 = now();
+      if (localEnd !== undefined && t0 >= localEnd) {
         throw new WaitTimeoutError(`no answer from ${this.targets[i]} within the wait`, { reason: "WAIT_TIMEOUT" });
       }
-      const item = await reader.get(timeout);
-      if (item === undefined) continue;
+      const bound = Math.min(localEnd ?? Infinity, stallAt);
+      // What the stream delivered is read before its silence is judged.
+      const item = await reader.get(bound === Infinity ? undefined : bound - t0);
+      if (item === undefined) {
+        if (now() >= stallAt) {
+          throw new UnavailableError(
+            `${this.targets[i]} was silent for ${WAIT_STALL_BEATS} heartbeats of ${heartbeat} ms while the request waited`,
+          );
+        }
+        continue;
+      }
       const [t, msg] = item;
       if (msg === END || msg instanceof Error) {
         if (signal?.aborted) throw signal.reason;
@@ -282,6 +311,8 @@ export class Client {
         throw err;
       }
       const ev = msg.event;
+      if (ev.case === "queued") heartbeat = durationMs(ev.value.heartbeat) || heartbeat;
+      stallAt = this._waitStallAt(t, heartbeat);
       if (ev.case === "acquired") {
         const seq = sequencerFromProto(ev.value.sequencer);
         if (req.kind === AcquireKind.SEMAPHORE && seq.kind !== "semaphore") {

@@ -56,7 +56,11 @@ export interface TLSOptions {
 }
 
 export interface ClientOptions {
-  /** More replicas of the same deployment; holds resume on them when theirs goes away. */
+  /**
+   * More replicas of the same deployment; holds resume on them when theirs
+   * goes away, and a waiting lock() moves to the next when its replica fails
+   * or stays silent for three of the broker's `queued` heartbeats.
+   */
   targets?: string[];
   /** false/undefined: plaintext; true: TLS with the system roots; or TLS options. */
   tls?: boolean | TLSOptions;

@@ -22,6 +22,8 @@ const cluster = new Cluster();
 let shared;
 const key = (name) => `node-lib/${name}/${randomUUID().slice(0, 8)}`;
 const text = (b) => Buffer.from(b).toString();
+// How often a waiting request hears `queued` again (internal/broker.QueuedHeartbeat).
+const QUEUED_HEARTBEAT_MS = 2000;
 
 before(async () => {
   await cluster.start();
@@ -228,20 +230,47 @@ test("a stalled replica (SIGSTOP) with another configured: the hold moves before
     }
   }));
 
-test("waiting on a stopped replica: keepalive closes the connection and lock() fails over", () =>
+// A request waiting on a replica that stops is moved to another after three
+// of the broker's heartbeats of silence, and gets the key there when its
+// holder lets go, instead of waiting on the stopped replica until HTTP/2
+// keepalive gives up on the connection (10-15 s). When the stopped replica
+// continues, the waiter it kept (cancelled by the client) takes nothing from
+// the one that moved.
+test("a waiter on a stalled replica (SIGSTOP) is moved to another after three heartbeats of silence", (t) =>
   using(async (make) => {
-    const a = await cluster.broker("queued-a");
-    const b = await cluster.broker("queued-b");
+    const a = await cluster.broker("wait-stall-a");
+    const b = await cluster.broker("wait-stall-b");
     try {
-      const holder = await make(b.addr).lock(key("queued"));
-      const c = make(a.addr, { targets: [b.addr] });
-      const waiting = c.lock(holder.key);
+      const holderClient = make(b.addr);
+      const waiterClient = make(a.addr, { targets: [b.addr] });
+      const opts = { ttl: 10, lockDelay: 0 };
+      const holder = await holderClient.lock(key("wait-stall"), opts);
+      const waiting = waiterClient.lock(holder.key, opts).then((lease) => ({ lease, at: performance.now() }));
+      // The waiter is queued on A (the holder's hold is the only one).
       await sleep(1000);
       a.signal("SIGSTOP");
+      const stopped = performance.now();
+      await sleep(500);
       await holder.release();
-      const lease = await Promise.race([waiting, sleep(40_000).then(() => assert.fail("the waiter never failed over"))]);
-      assert.equal(lease.target, b.addr);
-      await lease.release();
+      const released = performance.now();
+
+      let timer;
+      const { lease, at } = await Promise.race([
+        waiting,
+        new Promise((_, reject) => (timer = setTimeout(() => reject(new Error("the waiter was still waiting 20 s after the release")), 20_000))),
+      ]).finally(() => clearTimeout(timer));
+      const replica = waiterClient.targets.indexOf(lease.target);
+      t.diagnostic(
+        `the waiter got the key on replica ${replica} ${Math.round(at - stopped)} ms after A stopped (${Math.round(at - released)} ms after the release)`,
+      );
+      assert.equal(replica, 1);
+      assert.ok(at - stopped < 3 * QUEUED_HEARTBEAT_MS + 3000, `moved only after ${Math.round(at - stopped)} ms`);
+
+      a.signal("SIGCONT");
+      await sleep(2000); // A reads the cancel it was sent while stopped
+      assert.equal(lease.lost, false, lease.error?.message);
+      assert.equal(await holderClient.checkSequencer(lease.sequencer), true, "the moved waiter's hold did not survive A waking up");
+      assert.equal(await lease.release(), true);
     } finally {
       await a.stop();
       await b.stop();

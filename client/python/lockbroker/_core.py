@@ -27,6 +27,12 @@ STALL_SHARE = 0.6
 #: the TCP connection and never answers).
 RESUME_ATTEMPT = 3.0
 
+#: A waiting Acquire stream that hears nothing for this many of its
+#: broker's heartbeats (AcquireQueued.heartbeat) is taken to be on a
+#: stalled replica: with other replicas configured the wait moves to the
+#: next one (the Go client uses the same).
+WAIT_STALL_BEATS = 3
+
 _LOST_PREFIX = "LOST_REASON_"
 _BEHAVIORS = {None: 0, "release": types_pb2.SESSION_BEHAVIOR_RELEASE, "delete": types_pb2.SESSION_BEHAVIOR_DELETE}
 
@@ -108,6 +114,40 @@ def before_grant(msg) -> errors.SessionLost:
     if kind == "lost":
         text += f": {lost_reason_name(msg.lost.reason)}: {msg.lost.detail}"
     return errors.SessionLost(text, reason="SESSION_LOST")
+
+
+class WaitSilence:
+    """Whether a waiting Acquire stream has been silent too long.
+
+    A waiter hears from its replica only when the key's holders change, so
+    the broker repeats `queued` every `heartbeat` while nothing changes: a
+    stopped replica keeps its connection open and says nothing at all.
+    After WAIT_STALL_BEATS heartbeats without a word the wait fails as
+    Unavailable, which moves it to the next replica as a broken stream
+    does. `at` is when the silence runs out: never (inf) without other
+    replicas to move to, or before a heartbeat is announced (a broker
+    without heartbeats: its silence tells nothing)."""
+
+    def __init__(self, other_replicas: bool):
+        self.other_replicas = other_replicas
+        self.every = 0.0  # the last heartbeat announced
+        self.at = float("inf")
+
+    def heard(self, t: float, msg) -> None:
+        """Restarts the count at t, when msg (any event) was received."""
+        if not self.other_replicas:
+            return
+        if msg.WhichOneof("event") == "queued" and msg.queued.HasField("heartbeat"):
+            self.every = seconds(msg.queued.heartbeat)
+        if self.every > 0:
+            self.at = t + WAIT_STALL_BEATS * self.every
+
+    def passed(self, t: float) -> bool:
+        return t >= self.at
+
+    def error(self) -> errors.Unavailable:
+        return errors.Unavailable(f"the replica was silent for {WAIT_STALL_BEATS} heartbeats of {self.every:g}s "
+                                  "while the request waited", code=grpc.StatusCode.UNAVAILABLE)
 
 
 def check_grant(req, seq: Sequencer):

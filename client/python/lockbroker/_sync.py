@@ -193,20 +193,30 @@ class Client:
         raise last
 
     def _await_grant(self, i, req, call, reader, local_end):
+        silence = _core.WaitSilence(other_replicas=len(self.targets) > 1)
         while True:
-            timeout = None if local_end is None else local_end - _core.now()
+            now = _core.now()
+            timeout = None if local_end is None else local_end - now
             if timeout is not None and timeout <= 0:
                 raise errors.WaitTimeout(f"no answer from {self.targets[i]} within the wait", reason="WAIT_TIMEOUT")
+            if silence.passed(now):
+                raise silence.error()
             # Wake up now and then so that Ctrl-C is seen promptly.
-            item = reader.get(1.0 if timeout is None else min(timeout, 1.0))
+            wake = min(1.0, silence.at - now)
+            item = reader.get(wake if timeout is None else min(timeout, wake))
             if item is None:
                 continue
             t, msg = item
+            # Heard only after the silence ran out: the wait moves all the same
+            # (a grant that came that late is released with the cancelled call).
+            if silence.passed(t):
+                raise silence.error()
             if not isinstance(msg, lock_pb2.AcquireResponse):
                 err = _stream_error(msg)
                 if isinstance(err, errors.Busy) and err.state is None:
                     self._fill_state(err, req.key)
                 raise err
+            silence.heard(t, msg)
             kind = msg.WhichOneof("event")
             if kind == "acquired":
                 seq = Sequencer.from_proto(msg.acquired.sequencer)

@@ -185,14 +185,24 @@ class Client:
         raise last
 
     async def _await_grant(self, i, req, call, reader, local_end):
+        silence = _core.WaitSilence(other_replicas=len(self.targets) > 1)
         while True:
-            timeout = None if local_end is None else local_end - _core.now()
+            now = _core.now()
+            timeout = None if local_end is None else local_end - now
             if timeout is not None and timeout <= 0:
                 raise errors.WaitTimeout(f"no answer from {self.targets[i]} within the wait", reason="WAIT_TIMEOUT")
+            if silence.passed(now):
+                raise silence.error()
+            if silence.at != float("inf"):
+                timeout = silence.at - now if timeout is None else min(timeout, silence.at - now)
             item = await reader.get(timeout)
             if item is None:
                 continue
             t, msg = item
+            # Heard only after the silence ran out: the wait moves all the same
+            # (a grant that came that late is released with the cancelled call).
+            if silence.passed(t):
+                raise silence.error()
             if not isinstance(msg, lock_pb2.AcquireResponse):
                 err = _stream_error(msg)
                 if isinstance(err, errors.Busy) and err.state is None:
@@ -201,6 +211,7 @@ class Client:
                     except errors.LockbrokerError:
                         pass
                 raise err
+            silence.heard(t, msg)
             kind = msg.WhichOneof("event")
             if kind == "acquired":
                 seq = Sequencer.from_proto(msg.acquired.sequencer)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import lockbroker
-from lockbroker import aio
+from lockbroker import _core, aio
 
 
 def wait_for(pred, timeout, what):
@@ -188,23 +188,93 @@ def test_aio_semaphore_election_and_stall(cluster, broker, key):
         b.stop()
 
 
-def test_waiting_on_a_stopped_replica_fails_over(cluster, key):
-    """HTTP/2 keepalive closes the connection to a stopped replica (~15 s),
-    so a lock() queued there moves to another replica instead of hanging."""
-    a, b = cluster.broker("queued-a"), cluster.broker("queued-b")
+#: The broker's AcquireQueued.heartbeat (QueuedHeartbeat in
+#: internal/broker/wait.go).
+HEARTBEAT = 2.0
+#: A waiter on a stopped replica gets the key on another within this many
+#: seconds of the stop: WAIT_STALL_BEATS heartbeats of silence, plus room
+#: (HTTP/2 keepalive alone would take about 15 s).
+MOVED_WITHIN = _core.WAIT_STALL_BEATS * HEARTBEAT + 3.0
+LEASE = dict(ttl=10, lock_delay=0)
+
+
+def assert_moved_in_time(lease, to, stopped, got_at):
+    print(f"the waiter got the key on {lease.target} {got_at - stopped:.2f}s after A stopped")
+    assert lease.target == to.addr
+    assert got_at - stopped < MOVED_WITHIN, f"moved only {got_at - stopped:.1f}s after A stopped"
+
+
+def test_stalled_waiter_is_moved_to_another(cluster, key):
+    """A lock() waiting on a replica that stops (SIGSTOP keeps its
+    connection) moves to another after three of the broker's heartbeats of
+    silence, and gets the key there when its holder lets go. When the
+    stopped replica continues, the waiter it kept (cancelled by the client)
+    takes nothing from the one that moved."""
+    a, b = cluster.broker("wait-stall-a"), cluster.broker("wait-stall-b")
     try:
         with lockbroker.Client(b.addr) as hc, lockbroker.Client(a.addr, targets=[b.addr]) as c:
-            holder = hc.lock(key)
-            got = []
-            t = threading.Thread(target=lambda: got.append(c.lock(key)), daemon=True)
-            t.start()
-            time.sleep(1.0)
+            holder = hc.lock(key, **LEASE)
+            got = queue.Queue()
+
+            def wait():
+                try:
+                    got.put((c.lock(key, **LEASE), time.monotonic()))
+                except Exception as e:
+                    got.put((e, time.monotonic()))
+
+            threading.Thread(target=wait, daemon=True).start()
+            time.sleep(1.0)  # the waiter is queued on A
             a.signal(signal.SIGSTOP)
+            stopped = time.monotonic()
+            time.sleep(0.5)
             holder.release()
-            t.join(40)
-            assert got, "the waiter never failed over"
-            assert got[0].target == b.addr
-            got[0].release()
+            try:
+                lease, got_at = got.get(timeout=20)
+            except queue.Empty:
+                raise AssertionError("the waiter was still waiting 20 s after the release") from None
+            assert isinstance(lease, lockbroker.Lease), lease
+            assert_moved_in_time(lease, b, stopped, got_at)
+            a.signal(signal.SIGCONT)
+            time.sleep(2.0)  # A reads the cancel it was sent while stopped
+            assert not lease.lost.is_set(), lease.error
+            assert hc.check_sequencer(lease.sequencer) is True, "the moved waiter's hold did not survive A waking up"
+            assert lease.release() is True
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_aio_stalled_waiter_is_moved_to_another(cluster, key):
+    """test_stalled_waiter_is_moved_to_another with lockbroker.aio."""
+    a, b = cluster.broker("aio-wait-stall-a"), cluster.broker("aio-wait-stall-b")
+
+    async def lock_at(client):
+        lease = await client.lock(key, **LEASE)
+        return lease, time.monotonic()
+
+    async def main():
+        async with aio.Client(b.addr) as hc, aio.Client(a.addr, targets=[b.addr]) as c:
+            holder = await hc.lock(key, **LEASE)
+            waiter = asyncio.create_task(lock_at(c))
+            await asyncio.sleep(1.0)  # the waiter is queued on A
+            a.signal(signal.SIGSTOP)
+            stopped = time.monotonic()
+            await asyncio.sleep(0.5)
+            await holder.release()
+            try:
+                lease, got_at = await asyncio.wait_for(waiter, 20)
+            except asyncio.TimeoutError:
+                raise AssertionError("the waiter was still waiting 20 s after the release") from None
+            assert_moved_in_time(lease, b, stopped, got_at)
+            a.signal(signal.SIGCONT)
+            await asyncio.sleep(2.0)  # A reads the cancel it was sent while stopped
+            assert not lease.lost.is_set(), lease.error
+            assert await hc.check_sequencer(lease.sequencer) is True, \
+                "the moved waiter's hold did not survive A waking up"
+            assert await lease.release() is True
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
     finally:
         a.stop()
         b.stop()

@@ -5,10 +5,12 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from concurrent import futures
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 import lockbroker
 from lockbroker import _rpc, aio, errors
@@ -194,3 +196,72 @@ def test_lost_before_grant_is_session_lost_aio(lost_before_grant):
 
     err = asyncio.run(asyncio.wait_for(main(), 30))
     assert LOST_BEFORE_GRANT in str(err)
+
+
+class QuietThenGrant(lock_pb2_grpc.LockServiceServicer):
+    """Says `queued` (announcing a heartbeat of `heartbeat` seconds unless
+    None), then nothing for `quiet` seconds, then grants to session `name`;
+    the stream stays open until the client ends it."""
+
+    def __init__(self, name, heartbeat, quiet):
+        self.name, self.heartbeat, self.quiet = name, heartbeat, quiet
+
+    def Acquire(self, request, context):
+        queued = lock_pb2.AcquireQueued()
+        if self.heartbeat is not None:
+            queued.heartbeat.FromNanoseconds(int(self.heartbeat * 1e9))
+        yield lock_pb2.AcquireResponse(queued=queued)
+        end = time.monotonic() + self.quiet
+        while context.is_active() and time.monotonic() < end:
+            time.sleep(0.01)
+        if not context.is_active():  # the client moved on
+            return
+        yield lock_pb2.AcquireResponse(acquired=lock_pb2.AcquireAcquired(
+            sequencer=types_pb2.Sequencer(key=request.key, session_id=self.name, token=1,
+                                          kind=types_pb2.LOCK_KIND_LOCK),
+            guaranteed_for=duration_pb2.Duration(seconds=10)))
+        while context.is_active():
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def serve():
+    """serve(servicer) starts a fake broker and returns its address."""
+    servers = []
+
+    def start(servicer):
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        lock_pb2_grpc.add_LockServiceServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.stop(None)
+
+
+def granted_session(api, targets):
+    """The session of the lease lock() gets with `targets`."""
+    if api == "sync":
+        with lockbroker.Client(targets[0], targets=targets[1:], timeout=5) as c:
+            return c.lock("k", wait=5).session_id
+
+    async def main():
+        async with aio.Client(targets[0], targets=targets[1:], timeout=5) as c:
+            return (await c.lock("k", wait=5)).session_id
+
+    return asyncio.run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.parametrize("api", ["sync", "aio"])
+@pytest.mark.parametrize("heartbeat,replicas,granted_by", [
+    (0.1, 2, "next"),    # silent for 3 heartbeats: the wait moves on
+    (0.1, 1, "quiet"),   # nowhere else to go: it waits
+    (None, 2, "quiet"),  # no heartbeat announced: silence tells nothing
+])
+def test_silent_waiting_stream_moves_to_the_next_replica(serve, api, heartbeat, replicas, granted_by):
+    quiet = serve(QuietThenGrant("quiet", heartbeat, quiet=1.0))
+    following = [serve(QuietThenGrant("next", heartbeat, quiet=0))] if replicas == 2 else []
+    assert granted_session(api, [quiet, *following]) == granted_by

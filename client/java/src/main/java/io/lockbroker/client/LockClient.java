@@ -65,13 +65,21 @@ import java.util.function.Function;
  * }</pre>
  *
  * <p>Give every broker replica as a target: a lease whose broker goes away
- * resumes on the next one with the same session and token. One client per
+ * resumes on the next one with the same session and token, and a request
+ * still waiting for the key moves to the next one when its broker goes away
+ * or falls silent for three of its heartbeats. One client per
  * process is enough; it is thread-safe. {@link #close()} releases the
  * leases still held and closes the connections.
  */
 public final class LockClient implements AutoCloseable {
   /** Extra time lock() waits past a bounded wait before giving up locally. */
   private static final long LOCAL_WAIT_GRACE_NANOS = TimeUnit.SECONDS.toNanos(10);
+  /**
+   * Heartbeats of the broker (AcquireQueued.heartbeat) a waiting stream may
+   * miss before it is taken for stalled: a stopped broker keeps its
+   * connection and never answers, so only its silence tells.
+   */
+  private static final int WAIT_STALL_BEATS = 3;
   private static final Metadata.Key<String> AUTHORIZATION =
       Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
 
@@ -291,6 +299,14 @@ public final class LockClient implements AutoCloseable {
    * Takes the lock at key, waiting as long as {@code options.waitTimeout}
    * says (default: until interrupted), and returns the lease.
    *
+   * <p>The request waits on the first target that answers. It starts again
+   * on the next target when its stream breaks or, with more than one
+   * target, hears nothing for three of the broker's heartbeats
+   * ({@code AcquireQueued.heartbeat}; the silent stream is cancelled): a
+   * stopped broker keeps its connection but says nothing, so its silence is
+   * the only sign. Past the last target, lock throws
+   * {@link UnavailableException}.
+   *
    * @throws WaitTimeoutException a bounded wait ran out (with the holders)
    * @throws LockHeldException a zero wait found the key busy (with the holders)
    * @throws InterruptedException the thread was interrupted while waiting;
@@ -403,14 +419,25 @@ public final class LockClient implements AutoCloseable {
     return e;
   }
 
-  /** Waits on one Acquire stream for its grant. */
+  /**
+   * Waits on one Acquire stream for its grant. With another target to go
+   * to, a stream silent for {@link #WAIT_STALL_BEATS} of its broker's
+   * heartbeats is cancelled and the wait fails UNAVAILABLE, so that
+   * {@link #acquire} moves on as it does for a broken stream.
+   */
   private final class Pending implements AcquireCall.Listener {
     final AcquireRequest req;
     final CompletableFuture<Lease> result = new CompletableFuture<>();
     final CompletableFuture<Void> answered = new CompletableFuture<>();
+    private final boolean watchSilence = targets.size() > 1;
+    // The silence watch; guarded by `this`.
+    private long heartbeatNanos; // the last heartbeat announced; 0: none, silence tells nothing
+    private long lastHeardNanos;
+    private ScheduledFuture<?> silenceTimer;
 
     Pending(AcquireRequest req) {
       this.req = req;
+      result.whenComplete((lease, error) -> stopSilenceWatch());
     }
 
     @Override
@@ -433,8 +460,57 @@ public final class LockClient implements AutoCloseable {
                   + ": " + r.getLost().getDetail()));
           call.cancel("lost before the grant");
           break;
-        default:
-          break; // queued: keep waiting
+        default: // queued: keep waiting
+          heard(call, r, receivedNanos);
+          break;
+      }
+    }
+
+    /** An event restarts the silence count; a queued one may announce a new heartbeat. */
+    private synchronized void heard(AcquireCall call, AcquireResponse r, long receivedNanos) {
+      if (!watchSilence || result.isDone()) {
+        return;
+      }
+      long beat = Protos.nanos(r.getQueued().getHeartbeat());
+      if (beat > 0) {
+        heartbeatNanos = beat;
+      }
+      lastHeardNanos = receivedNanos;
+      if (heartbeatNanos > 0 && silenceTimer == null) {
+        silenceTimer = schedule(() -> checkSilence(call), WAIT_STALL_BEATS * heartbeatNanos);
+      }
+    }
+
+    /**
+     * The silence timer ran: fails the wait if nothing came since, else
+     * counts on from the last event. Should the grant arrive just now, it
+     * finds the wait failed and ends the lease nobody will see.
+     */
+    private void checkSilence(AcquireCall call) {
+      LockBrokerException stalled;
+      synchronized (this) {
+        silenceTimer = null;
+        if (result.isDone()) {
+          return;
+        }
+        long left = lastHeardNanos + WAIT_STALL_BEATS * heartbeatNanos - System.nanoTime();
+        if (left > 0) {
+          silenceTimer = schedule(() -> checkSilence(call), left);
+          return;
+        }
+        stalled = new UnavailableException(LockBrokerException.local(Status.Code.UNAVAILABLE, "",
+            "the broker at " + targets.get(call.replica) + " was silent for " + WAIT_STALL_BEATS
+            + " heartbeats of " + heartbeatNanos / 1_000_000 + " ms while the request waited"), null);
+      }
+      if (result.completeExceptionally(stalled)) {
+        call.cancel("the broker was silent while the request waited");
+      }
+    }
+
+    private synchronized void stopSilenceWatch() {
+      if (silenceTimer != null) {
+        silenceTimer.cancel(false);
+        silenceTimer = null;
       }
     }
 

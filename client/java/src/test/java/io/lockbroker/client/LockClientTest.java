@@ -30,6 +30,7 @@ import java.util.List;
 import java.util.Optional;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.function.BooleanSupplier;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
@@ -38,6 +39,8 @@ import org.junit.jupiter.api.Timeout;
 @Timeout(value = 90, unit = TimeUnit.SECONDS)
 class LockClientTest {
   private static final Duration TTL = Duration.ofSeconds(10);
+  /** How often a broker repeats `queued` to a waiter (internal/broker QueuedHeartbeat). */
+  private static final Duration BROKER_HEARTBEAT = Duration.ofSeconds(2);
 
   private static LockClient shared() {
     return LockClient.builder().target(Cluster.get().broker().addr()).build();
@@ -222,6 +225,59 @@ class LockClientTest {
       assertFalse(l.isLost(), String.valueOf(l.lostCause()));
       assertTrue(c.checkSequencer(l.sequencer()));
       l.release();
+    }
+  }
+
+  /**
+   * A request waiting on a replica that stops is moved to another after
+   * three of the broker's heartbeats of silence, and gets the key there when
+   * its holder lets go, instead of waiting on the stopped replica until its
+   * caller gives up. When the stopped replica continues, the waiter it kept
+   * (cancelled by the client) takes nothing from the one that moved.
+   */
+  @Test
+  void stalledWaiterIsMovedToAnother() throws Exception {
+    String key = Cluster.key("stalled-waiter");
+    LockOptions opts = LockOptions.defaults().ttl(TTL).lockDelay(Duration.ZERO);
+    try (Broker a = Cluster.get().newBroker("waiter-a"); Broker b = Cluster.get().newBroker("waiter-b");
+        LockClient holderClient = LockClient.builder().target(b.addr()).build();
+        LockClient waiterClient = LockClient.builder().targets(a.addr(), b.addr()).build()) {
+      Lease holder = holderClient.lock(key, opts);
+      CompletableFuture<Long> acquiredAt = new CompletableFuture<>();
+      CompletableFuture<Lease> waiter = CompletableFuture.supplyAsync(() -> {
+        try {
+          Lease l = waiterClient.lock(key, opts);
+          acquiredAt.complete(System.nanoTime());
+          return l;
+        } catch (InterruptedException e) {
+          throw new IllegalStateException(e);
+        }
+      });
+      Thread.sleep(500); // the waiter is queued on A (the holder's hold is the only one)
+      assertFalse(waiter.isDone(), "the waiter did not wait: " + waiter);
+      a.stop();
+      long stopped = System.nanoTime();
+      Lease moved;
+      try {
+        Thread.sleep(500);
+        holder.release();
+        try {
+          moved = waiter.get(20, TimeUnit.SECONDS);
+        } catch (TimeoutException e) {
+          throw new AssertionError("the waiter was still waiting 20 s after the release", e);
+        }
+        double took = (acquiredAt.join() - stopped) / 1e9;
+        Cluster.figure("waiter on a stopped broker got the key on another replica after", took);
+        assertEquals(b.addr(), moved.target());
+        assertTrue(took < 3 * BROKER_HEARTBEAT.toSeconds() + 3, "moved only after " + took + " s");
+      } finally {
+        a.cont();
+      }
+      Thread.sleep(2000); // A reads the cancel it was sent while stopped
+      assertFalse(moved.isLost(), String.valueOf(moved.lostCause()));
+      assertTrue(holderClient.checkSequencer(moved.sequencer()),
+          "the moved waiter's hold did not survive A waking up");
+      moved.release();
     }
   }
 
