@@ -127,8 +127,10 @@ func TestStalledWaiterIsMovedToAnother(t *testing.T) {
 		l, err := waiterClient.Lock(ctx(t), key, opts...)
 		got <- result{l, err, time.Now()}
 	}()
-	// The waiter is queued on A (the holder's hold is the only one).
-	time.Sleep(500 * time.Millisecond)
+	// The waiter is queued on A (the holder's hold is the only one); a
+	// replica stopped before its first `queued` announced a heartbeat would
+	// keep it (see the README), so give it time to hear one.
+	time.Sleep(time.Second)
 	a.Stop()
 	stopped := time.Now()
 	time.Sleep(500 * time.Millisecond)
