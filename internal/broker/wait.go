@@ -28,7 +28,6 @@ type waiter struct {
 	races       int
 	fresh       bool         // the state comes from a consistent read made just now
 	slot        *handoffSlot // offered while sleeping (see handoff.go)
-	delayEnds   time.Time    // when the lock-delay last reported ends (zero: none)
 }
 
 // QueuedHeartbeat is how often a waiting request hears `queued` again when
@@ -116,6 +115,7 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 		h.sub.activate() // a waiter needs the key's changes now
 	}
 	var delayTimer <-chan time.Time
+	delayEnds := time.Now().Add(delayLeft)
 	if delayLeft > 0 {
 		delayTimer = time.After(delayLeft)
 	}
@@ -134,7 +134,13 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 		case err := <-failed:
 			return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
 		case <-beat.C:
-			if err := w.heartbeat(); err != nil {
+			// Nothing changed, and the replica is alive: the last
+			// `queued` again, with the lock-delay left now.
+			var left time.Duration
+			if delayLeft > 0 {
+				left = max(time.Until(delayEnds), time.Millisecond)
+			}
+			if err := w.sendQueued(w.queued, left); err != nil {
 				return nil, err
 			}
 			beat.Reset(QueuedHeartbeat)
@@ -153,14 +159,10 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 	}
 }
 
-// heartbeat sends the last `queued` again: nothing changed, and the
-// replica is alive.
-func (w *waiter) heartbeat() error {
-	var left time.Duration
-	if !w.delayEnds.IsZero() {
-		left = max(time.Until(w.delayEnds), time.Millisecond)
-	}
-	return w.h.send(Event{Kind: EventQueued, State: w.queued, LockDelayRemaining: left, Session: w.h.session, Heartbeat: QueuedHeartbeat})
+// sendQueued tells the client that the request waits behind st, with the
+// lock-delay left (0 when it is not what blocks).
+func (w *waiter) sendQueued(st *State, delayLeft time.Duration) error {
+	return w.h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: w.h.session, Heartbeat: QueuedHeartbeat})
 }
 
 // staleListing says whether st, a lock's state from the shared watch,
@@ -327,12 +329,8 @@ func (w *waiter) report(ctx context.Context, st *State, delayLeft time.Duration)
 		return nil
 	}
 	w.queued = st
-	w.delayEnds = time.Time{}
-	if delayLeft > 0 {
-		w.delayEnds = time.Now().Add(delayLeft)
-	}
 	h.b.fillTokensCached(st)
-	return h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: h.session, Heartbeat: QueuedHeartbeat})
+	return w.sendQueued(st, delayLeft)
 }
 
 // turn says whether this waiter may attempt on st: there is a free slot
