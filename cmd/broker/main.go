@@ -88,6 +88,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&c.healthInterval, "health-interval", time.Second, "how often Consul's health is checked")
 	fs.IntVar(&c.consul.MaxBlocking, "consul-max-blocking", consulstore.DefaultMaxBlocking, "at most this many Consul blocking queries (watches) at once, on connections of their own; more watches share them or wait")
 	fs.IntVar(&c.consul.MaxConns, "consul-max-conns", consulstore.DefaultMaxConns, "at most this many Consul connections for everything else (renewals, lock writes, reads), so watches never starve them; keep both caps together under half of Consul's http_max_conns_per_client (200) for two replicas per host")
+	fs.IntVar(&c.consul.MaxTxnInFlight, "consul-txn-inflight", consulstore.DefaultMaxTxnInFlight, "at most this many lock writes (Consul transactions) in flight at once; writes that come meanwhile go together as one transaction when one ends (group commit), each with its own answer")
 	fs.DurationVar(&c.keepaliveTime, "keepalive-time", server.DefaultKeepaliveTime, "ping a client after this long without hearing from it (1s to 10s)")
 	fs.DurationVar(&c.keepaliveTimeout, "keepalive-timeout", server.DefaultKeepaliveTimeout, "close a client's connection when a ping is not answered within this (1s to 5s); its holds are kept until their last promise")
 	fs.StringVar(&c.tlsCert, "tls-cert", env("LOCKBROKER_TLS_CERT", ""), "serve gRPC over TLS with this certificate chain (PEM; with --tls-key; reloaded on SIGHUP) (env LOCKBROKER_TLS_CERT)")
@@ -115,6 +116,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("--drain-timeout must be positive, got %v", c.drainTimeout)
 	case c.consul.MaxBlocking <= 0 || c.consul.MaxConns <= 0:
 		return fmt.Errorf("--consul-max-blocking and --consul-max-conns must be positive, got %d and %d", c.consul.MaxBlocking, c.consul.MaxConns)
+	case c.consul.MaxTxnInFlight <= 0:
+		return fmt.Errorf("--consul-txn-inflight must be positive, got %d", c.consul.MaxTxnInFlight)
 	case c.healthInterval <= 0:
 		return fmt.Errorf("--health-interval must be positive, got %v", c.healthInterval)
 	case c.keepaliveTime < minKeepalive || c.keepaliveTime > maxKeepaliveTime:
@@ -180,7 +183,8 @@ func run(args []string, stderr io.Writer) error {
 	}
 	defer store.Close()
 	log.Info("consul", zap.String("address", consulCfg.Address), zap.Bool("token_set", consulCfg.Token != ""),
-		zap.Int("max_blocking", c.consul.MaxBlocking), zap.Int("max_conns", c.consul.MaxConns))
+		zap.Int("max_blocking", c.consul.MaxBlocking), zap.Int("max_conns", c.consul.MaxConns),
+		zap.Int("txn_inflight", c.consul.MaxTxnInFlight))
 
 	// The hub keeps its dedicated watches within the store's blocking budget;
 	// the session pool takes session creation off the critical path.

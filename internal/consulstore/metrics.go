@@ -144,13 +144,18 @@ var (
 			"(ok, not_found, unavailable, permission_denied, rejected, txn_rolled_back, canceled; "+
 			"stale_not_found: a renewal answered \"not found\" by a leader not yet current, for a session that lives, retried).",
 		[]string{"op", "result"}, nil)
+	batchesDesc = prometheus.NewDesc("lockbroker_consul_txn_batches_total",
+		"Write transactions of several callers sent to Consul as one (group commit); each is one kv_txn_write request.", nil, nil)
+	batchedDesc = prometheus.NewDesc("lockbroker_consul_txn_batched_total",
+		"Callers' write transactions sent inside such batches.", nil, nil)
 	queuedDesc = prometheus.NewDesc("lockbroker_consul_blocking_queries_queued",
 		"Watches waiting for one of the capped Consul blocking-query slots.", nil, nil)
 )
 
 // Collector returns a prometheus.Collector for the Store's metrics:
-// lockbroker_consul_requests_total{op,result} and
-// lockbroker_consul_blocking_queries_queued. Register it once per Store.
+// lockbroker_consul_requests_total{op,result},
+// lockbroker_consul_blocking_queries_queued and the group commit's
+// lockbroker_consul_txn_batches_total and lockbroker_consul_txn_batched_total. Register it once per Store.
 // (The number of blocking queries in flight is OpenBlockingQueries; the
 // server exports it as lockbroker_consul_blocking_queries.)
 func (s *Store) Collector() prometheus.Collector { return collector{s} }
@@ -160,6 +165,8 @@ type collector struct{ s *Store }
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- requestsDesc
 	ch <- queuedDesc
+	ch <- batchesDesc
+	ch <- batchedDesc
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -173,4 +180,18 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(queuedDesc, prometheus.GaugeValue, float64(c.s.queued.Load()))
+	batches, batched := c.s.TxnBatches()
+	ch <- prometheus.MustNewConstMetric(batchesDesc, prometheus.CounterValue, float64(batches))
+	ch <- prometheus.MustNewConstMetric(batchedDesc, prometheus.CounterValue, float64(batched))
+}
+
+// TxnBatches returns how many batches of several write transactions the
+// Store has sent (each one Consul call, counted as kv_txn_write; a batch
+// sent again after a roll-back counts again) and how many callers'
+// transactions they carried.
+func (s *Store) TxnBatches() (batches, txns uint64) {
+	if s.batch == nil {
+		return 0, 0
+	}
+	return s.batch.batches.Load(), s.batch.batched.Load()
 }

@@ -16,6 +16,13 @@
 // defaults (32 + 64) one replica stays under 100 connections: two replicas
 // on one host fit under Consul's default http_max_conns_per_client of 200.
 //
+// # Group commit
+//
+// At most Options.MaxTxnInFlight write transactions are in flight; writes
+// that come while they are wait and go to Consul together, as one
+// transaction, when one ends. Each caller gets its own ops' answer (see
+// batch.go for how a batch Consul rolls back is settled).
+//
 // # Errors
 //
 // Every method returns the typed errors internal/broker declares, built
@@ -81,6 +88,12 @@ type Options struct {
 	// bounded by WaitTime + WaitTime/16 + CallTimeout. A call the timeout
 	// ends fails with StoreUnavailable. Negative is an error.
 	CallTimeout time.Duration
+	// MaxTxnInFlight caps the write transactions in flight to Consul; a
+	// write that comes while that many are waits, and all that wait go
+	// together as one transaction when a call ends (group commit, see
+	// batch.go); default DefaultMaxTxnInFlight (4). Each caller still gets
+	// its own transaction's answer. Negative is an error.
+	MaxTxnInFlight int
 }
 
 // withDefaults returns o with zero fields set to their defaults, or an
@@ -95,6 +108,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("consulstore: negative MaxConns %d", o.MaxConns)
 	case o.CallTimeout < 0:
 		return o, fmt.Errorf("consulstore: negative CallTimeout %v", o.CallTimeout)
+	case o.MaxTxnInFlight < 0:
+		return o, fmt.Errorf("consulstore: negative MaxTxnInFlight %d", o.MaxTxnInFlight)
 	}
 	if o.WaitTime == 0 {
 		o.WaitTime = DefaultWaitTime
@@ -107,6 +122,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.CallTimeout == 0 {
 		o.CallTimeout = DefaultCallTimeout
+	}
+	if o.MaxTxnInFlight == 0 {
+		o.MaxTxnInFlight = DefaultMaxTxnInFlight
 	}
 	return o, nil
 }
@@ -125,6 +143,8 @@ type Store struct {
 	// txn makes the transaction calls of c without the api package (nil
 	// for a Store built by New: api.Txn then).
 	txn *txnEndpoint
+	// batch sends the write transactions of txn (nil with txn).
+	batch *batcher
 	// transports are closed by Close (nil for a Store built by New).
 	transports []*http.Transport
 	// pool carries c's calls when it can (see connPool); nil otherwise.
@@ -169,6 +189,7 @@ func Open(cfg *api.Config, opts Options) (*Store, error) {
 	s.transports = []*http.Transport{tr, btr}
 	s.pool = pool
 	s.txn = txn
+	s.batch = &batcher{s: s, max: opts.MaxTxnInFlight}
 	s.secrets = secretsOf(cfg, txn.token())
 	return s, nil
 }

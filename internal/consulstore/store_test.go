@@ -20,7 +20,7 @@ func TestOpenOptions(t *testing.T) {
 	s, err := Open(cfg, Options{})
 	require.NoError(t, err)
 	defer s.Close()
-	assert.Equal(t, Options{WaitTime: 30 * time.Second, MaxBlocking: 32, MaxConns: 64, CallTimeout: 10 * time.Second}, s.Options())
+	assert.Equal(t, Options{WaitTime: 30 * time.Second, MaxBlocking: 32, MaxConns: 64, CallTimeout: 10 * time.Second, MaxTxnInFlight: 4}, s.Options())
 	require.Len(t, s.transports, 2)
 	assert.Equal(t, 64, s.transports[0].MaxConnsPerHost)
 	assert.Equal(t, 32, s.transports[1].MaxConnsPerHost)
@@ -28,7 +28,7 @@ func TestOpenOptions(t *testing.T) {
 	assert.Equal(t, 32, cap(s.slots))
 
 	for _, bad := range []Options{
-		{WaitTime: -1}, {WaitTime: 11 * time.Minute}, {MaxBlocking: -1}, {MaxConns: -1}, {CallTimeout: -1},
+		{WaitTime: -1}, {WaitTime: 11 * time.Minute}, {MaxBlocking: -1}, {MaxConns: -1}, {CallTimeout: -1}, {MaxTxnInFlight: -1},
 	} {
 		_, err := Open(cfg, bad)
 		assert.Error(t, err, "%+v", bad)

@@ -75,17 +75,26 @@ func (s *Store) Check(ctx context.Context, ops []broker.Op) error {
 }
 
 // runTxn is Txn and Check; results says whether the entries of a
-// transaction that passed are wanted.
+// transaction that passed are wanted (always, for one that writes). A
+// transaction that writes goes through the Store's batcher, if it has one.
 func (s *Store) runTxn(ctx context.Context, ops []broker.Op, results bool) ([]*broker.Entry, error) {
 	write, err := checkOps(ops)
 	if err != nil {
 		return nil, &broker.StoreError{Kind: broker.StoreRejected, Op: opNames[opKVTxnWrite].consul, Err: err}
 	}
-	kind := opKVTxnRead
-	if write {
-		kind = opKVTxnWrite
+	if !write {
+		return s.soloTxn(ctx, opKVTxnRead, ops, results)
 	}
+	if s.batch != nil {
+		return s.batch.txn(ctx, ops)
+	}
+	return s.soloTxn(ctx, opKVTxnWrite, ops, results)
+}
+
+// soloTxn makes one call for checked ops of kind kind.
+func (s *Store) soloTxn(ctx context.Context, kind opKind, ops []broker.Op, results bool) ([]*broker.Entry, error) {
 	c := s.begin(ctx, kind, s.opts.CallTimeout)
+	var err error
 	var ok bool
 	var a *txnAnswer
 	if s.txn != nil {

@@ -135,11 +135,7 @@ func (e *txnEndpoint) do(ctx context.Context, ops []broker.Op, results bool) (bo
 // encodeTxn writes ops as api.TxnOps encode: [{"KV":{"Verb":..,"Key":..,
 // "Value":base64 or null,"Flags":..,"Index":..,"Session":..}},...].
 func encodeTxn(ops []broker.Op) []byte {
-	n := 2
-	for _, op := range ops {
-		n += 96 + len(op.Key) + base64.StdEncoding.EncodedLen(len(op.Value)) + len(op.Session)
-	}
-	b := make([]byte, 0, n)
+	b := make([]byte, 0, 2+encodedSize(ops))
 	b = append(b, '[')
 	for i, op := range ops {
 		if i > 0 {
