@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -115,11 +116,8 @@ func (b *batcher) txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, er
 
 // remove takes m out of the queue. Called with mu held.
 func (b *batcher) remove(m *member) {
-	for i, q := range b.queue {
-		if q == m {
-			b.queue = append(b.queue[:i], b.queue[i+1:]...)
-			return
-		}
+	if i := slices.Index(b.queue, m); i >= 0 {
+		b.queue = slices.Delete(b.queue, i, i+1)
 	}
 }
 
