@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 
 	"github.com/lockbroker/lockbroker/client"
 	"github.com/lockbroker/lockbroker/internal/broker"
@@ -156,4 +157,49 @@ func TestStalledWaiterIsMovedToAnother(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, ok, "the moved waiter's hold did not survive A waking up")
 	require.NoError(t, r.lease.Release(ctx(t)))
+}
+
+// dialLib dials addr with the library's DialOptions (plaintext), as an
+// application would.
+func dialLib(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	dopts, err := client.DialOptions()
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(addr, dopts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// A Lock sent to a replica that is stopped and so never answers (no
+// `queued`, so no heartbeat to miss) is moved by the keepalive of a
+// connection DialOptions built: the connection is closed when its ping
+// goes unanswered, the call fails UNAVAILABLE there and the Lock goes on
+// at the next replica, instead of waiting on the stopped one until its
+// context ends.
+func TestStoppedBeforeFirstAnswerIsLeftByKeepalive(t *testing.T) {
+	agent := consultest.Start(t)
+	a := brokertest.StartProcess(t, agent)
+	b := brokertest.StartProcess(t, agent)
+	c := client.New(dialLib(t, a.Addr), client.WithReplicas(dialLib(t, b.Addr)))
+	key := "stall/first-answer"
+
+	// The connection to A is up (a lock and release through it), then A
+	// stops.
+	warm, err := c.Lock(ctx(t), key+"/warm")
+	require.NoError(t, err)
+	require.Equal(t, 0, warm.Replica())
+	require.NoError(t, warm.Release(ctx(t)))
+	a.Stop()
+	defer a.Cont()
+	stopped := time.Now()
+
+	lease, err := c.Lock(ctx(t), key, client.WithTTL(10*time.Second))
+	require.NoError(t, err, "still waiting on the stopped replica when the context ended")
+	took := time.Since(stopped)
+	t.Logf("the Lock got the key on replica %d %s after A stopped", lease.Replica(), took.Round(time.Millisecond))
+	assert.Equal(t, 1, lease.Replica())
+	assert.Less(t, took, client.KeepaliveTime+client.KeepaliveTimeout+3*time.Second)
+	a.Cont()
+	require.NoError(t, lease.Release(ctx(t)))
 }
