@@ -18,9 +18,10 @@ import java.util.concurrent.TimeUnit;
  * <p>The client reads one state from the broker per state the caller takes,
  * so a slow reader gets the newest state (the broker drops the ones in
  * between and counts them in {@link #skipped()}) instead of an ever-growing
- * backlog. When the broker goes away (UNAVAILABLE) the watch moves to the
- * next target and starts again with the state now; any other end is
- * reported by {@link #next()}.
+ * backlog. When the broker goes away (UNAVAILABLE; a stopped broker too,
+ * after about 15 s, when the channel's keepalive ping goes unanswered) the
+ * watch moves to the next target and starts again with the state now; any
+ * other end is reported by {@link #next()}.
  */
 public final class LockWatch implements AutoCloseable {
   private static final long BACKOFF_MIN_NANOS = TimeUnit.MILLISECONDS.toNanos(50);

@@ -281,6 +281,51 @@ class LockClientTest {
     }
   }
 
+  /**
+   * A watch open on a replica that stops hears nothing from it (a watch
+   * hears from its broker only when the key changes, and a stopped broker
+   * keeps its connection open): the channel's keepalive (a ping after 10 s
+   * of silence, unanswered for 5 s) fails it UNAVAILABLE, and it goes on at
+   * the next replica, where it sees the holder taken meanwhile.
+   */
+  @Test
+  void watchOnStoppedBrokerMovesToAnother() throws Exception {
+    String key = Cluster.key("stalled-watch");
+    try (Broker a = Cluster.get().newBroker("watch-stall-a"); Broker b = Cluster.get().newBroker("watch-stall-b");
+        LockClient watcher = LockClient.builder().targets(a.addr(), b.addr()).build();
+        LockClient holderClient = LockClient.builder().target(b.addr()).build();
+        LockWatch w = watcher.watch(key)) {
+      LockState first = w.poll(Duration.ofSeconds(5));
+      assertNotNull(first, "no first state from A");
+      assertEquals(0, first.getHoldersCount(), first.toString());
+      Lease holder;
+      a.stop();
+      try {
+        long stopped = System.nanoTime();
+        holder = holderClient.lock(key, LockOptions.defaults().ttl(TTL));
+        Duration bound = Duration.ofSeconds(10 + 5 + 3); // keepalive time + its timeout + slack
+        long end = stopped + bound.toNanos();
+        List<LockState> seen = new ArrayList<>();
+        while (true) {
+          LockState s = w.poll(Duration.ofNanos(Math.max(1, end - System.nanoTime())));
+          if (s == null) {
+            fail("the watch did not show the holder within " + bound + " of stopping its broker; saw " + seen);
+          }
+          if (s.getHoldersCount() > 0) {
+            double took = (System.nanoTime() - stopped) / 1e9;
+            Cluster.figure("watch on a stopped broker showed the new holder through another replica after", took);
+            assertEquals(holder.sessionId(), s.getHolders(0).getSessionId());
+            break;
+          }
+          seen.add(s);
+        }
+      } finally {
+        a.cont();
+      }
+      holder.release();
+    }
+  }
+
   @Test
   void brokerShutdownMovesTheHold() throws Exception {
     String key = Cluster.key("shutdown");
