@@ -292,11 +292,7 @@ func touches(m *member, keys map[string]struct{}) bool {
 func settleResults(batch []*member, res []struct{ KV *txnKV }) {
 	want := 0
 	for _, m := range batch {
-		for _, op := range m.ops {
-			if verbs[op.Verb].result {
-				want++
-			}
-		}
+		want += resultsWanted(m.ops)
 	}
 	next := 0
 	for _, m := range batch {

@@ -155,7 +155,8 @@ var (
 // Collector returns a prometheus.Collector for the Store's metrics:
 // lockbroker_consul_requests_total{op,result},
 // lockbroker_consul_blocking_queries_queued and the group commit's
-// lockbroker_consul_txn_batches_total and lockbroker_consul_txn_batched_total. Register it once per Store.
+// lockbroker_consul_txn_batches_total and
+// lockbroker_consul_txn_batched_total. Register it once per Store.
 // (The number of blocking queries in flight is OpenBlockingQueries; the
 // server exports it as lockbroker_consul_blocking_queries.)
 func (s *Store) Collector() prometheus.Collector { return collector{s} }

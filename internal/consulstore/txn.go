@@ -176,12 +176,7 @@ func txnOps(ops []broker.Op) api.TxnOps {
 // filtered some by ACLs.
 func (c *call) results(ops []broker.Op, a *txnAnswer) ([]*broker.Entry, error) {
 	res := a.Results
-	want := 0
-	for _, op := range ops {
-		if verbs[op.Verb].result {
-			want++
-		}
-	}
+	want := resultsWanted(ops)
 	if len(res) != want {
 		return nil, c.fail(broker.StorePermissionDenied,
 			fmt.Errorf("%d of %d transaction results returned: results filtered by ACLs", len(res), want))
@@ -199,6 +194,18 @@ func (c *call) results(ops []broker.Op, a *txnAnswer) ([]*broker.Entry, error) {
 		next++
 	}
 	return out, nil
+}
+
+// resultsWanted is how many results Consul returns for ops when its ACLs
+// filter none: one per op whose verb produces one.
+func resultsWanted(ops []broker.Op) int {
+	n := 0
+	for _, op := range ops {
+		if verbs[op.Verb].result {
+			n++
+		}
+	}
+	return n
 }
 
 // permissionDenied starts the message of every ACL denial
