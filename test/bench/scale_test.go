@@ -248,8 +248,12 @@ func TestScale(t *testing.T) {
 	}
 	stopMonitor()
 
+	// Waiting: what Acquire requests queued behind these holds cost.
+	waiting := scaleWaiting(ctx, brokerFigures{httpAddr: bp.HTTPAddr, pid: pid, agentPid: agentPid}, clients, holds)
+
 	g0, gDuring := m0["go_goroutines"], mDuring["go_goroutines"]
 	goroutinesPerHold := (gDuring - g0) / float64(max(nAcquired, 1))
+	holdingCPU := 100 * float64(cpuB1-cpuB0) / float64(half)
 	var tb textTable
 	tb.add("scale figure", "value", "target (issues 10, 12)")
 	tb.add("holds acquired (t<i>/lock, one top-level prefix each)", fmt.Sprintf("%d / %d", nAcquired, nHolds), "all")
@@ -268,23 +272,27 @@ func TestScale(t *testing.T) {
 		fmt.Sprintf("%.0f / %.0f MiB, %.1f KiB", mDuring["go_memstats_heap_inuse_bytes"]/(1<<20), mDuring["go_memstats_stack_inuse_bytes"]/(1<<20),
 			mDuring["go_memstats_stack_inuse_bytes"]/max(gDuring, 1)/1024), "")
 	tb.add("CPU while holding (first half of the window): broker / agent, % of one core",
-		fmt.Sprintf("%.0f%% / %.0f%%", 100*float64(cpuB1-cpuB0)/float64(half), 100*float64(cpuA1-cpuA0)/float64(half)), "")
+		fmt.Sprintf("%.0f%% / %.0f%%", holdingCPU, 100*float64(cpuA1-cpuA0)/float64(half)), "")
 	tb.add("broker allocation while holding (/metrics)", fmt.Sprintf("%.0f MB/s", allocRate/1e6), "")
 	tb.add("broker goroutines per hold ((mid-window − before)/holds)", fmt.Sprintf("%.2f", goroutinesPerHold), "≤ 3")
 	tb.add("broker goroutines: before → mid-window", fmt.Sprintf("%.0f → %.0f", g0, gDuring), "")
 	tb.add(fmt.Sprintf("loss notice, unwatched hold, p50 / max (n=%d)", loss.len()),
 		fmt.Sprintf("%s / %s ms", fmtMs(loss.p50()), fmtMs(loss.quantile(1))), "≤ 1000 ms")
+	waiting.rows(&tb, holdingCPU)
 
 	var out strings.Builder
 	fmt.Fprintf(&out, "# scale run (issue 10 item 1, issue 12) — reproduce: %s\n", reproduce)
 	fmt.Fprintf(&out, "# GOMAXPROCS=%d cpu %q, load average at start %s, at end %s; tree: %s\n", runtime.GOMAXPROCS(0), cpuModel(), load0, loadAvg(), treeState(t))
 	fmt.Fprintf(&out, "# one replica (the broker binary, its own process, default flags), %d gRPC connection(s) carrying %d Acquire\n", len(clients), nHolds)
 	fmt.Fprintf(&out, "#   + %d Watch streams, default session options; agent started with limits { http_max_conns_per_client = 200 }.\n", nWatchers)
+	if waiting != nil {
+		fmt.Fprintf(&out, "# after the window and the loss samples: %d Acquire requests (default session options) queued behind %d of the holds, measured over %s.\n", waiting.n, waiting.keys, *scaleWaitWindow)
+	}
 	out.WriteString(tb.String())
 	for _, x := range []struct {
 		name string
 		e    *errorLog
-	}{{"acquire", &acqErrs}, {"holds lost/ended", &lossErrs}, {"watchers", &watchErrs}, {"loss samples", &lossSampleErrs}} {
+	}{{"acquire", &acqErrs}, {"holds lost/ended", &lossErrs}, {"watchers", &watchErrs}, {"loss samples", &lossSampleErrs}, {"waiters", waiting.errLog()}} {
 		if x.e.count() > 0 {
 			fmt.Fprintf(&out, "# ERRORS %s: %s\n", x.name, x.e.String())
 		}
