@@ -25,9 +25,16 @@ var clientKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout
 // only if no later one is serving. When none answers, the error is
 // UNAVAILABLE and names every address tried.
 func (c *cli) dial(ctx context.Context) (*grpc.ClientConn, error) {
+	conn, _, err := c.dialAddr(ctx)
+	return conn, err
+}
+
+// dialAddr is dial that also returns the address it connected to.
+func (c *cli) dialAddr(ctx context.Context) (*grpc.ClientConn, string, error) {
 	var (
-		fallback *grpc.ClientConn
-		failures []string
+		fallback     *grpc.ClientConn
+		fallbackAddr string
+		failures     []string
 	)
 	for _, addr := range c.brokerAddrs() {
 		conn, serving, err := c.probe(ctx, addr)
@@ -38,29 +45,34 @@ func (c *cli) dial(ctx context.Context) (*grpc.ClientConn, error) {
 			if fallback != nil {
 				fallback.Close()
 			}
-			return conn, nil
+			return conn, addr, nil
 		case fallback == nil:
-			fallback = conn
+			fallback, fallbackAddr = conn, addr
 		default:
 			conn.Close()
 		}
 	}
 	if fallback != nil {
-		return fallback, nil
+		return fallback, fallbackAddr, nil
 	}
-	return nil, status.Errorf(codes.Unavailable, "no broker reachable: %s", strings.Join(failures, "; "))
+	return nil, "", status.Errorf(codes.Unavailable, "no broker reachable: %s", strings.Join(failures, "; "))
+}
+
+// connect opens a connection to addr without a health check (grpc.NewClient
+// connects on first use).
+func (c *cli) connect(addr string) (*grpc.ClientConn, error) {
+	dopts, err := c.sec.dialOptions(addr)
+	if err != nil {
+		return nil, err
+	}
+	return grpc.NewClient(addr, append(dopts, grpc.WithKeepaliveParams(clientKeepalive))...)
 }
 
 // probe opens a connection to addr and asks the standard health service
 // for the server's overall status. A server without the health service
 // counts as serving. The connection is returned open unless err is set.
 func (c *cli) probe(ctx context.Context, addr string) (conn *grpc.ClientConn, serving bool, err error) {
-	dopts, err := c.sec.dialOptions(addr)
-	if err != nil {
-		return nil, false, err
-	}
-	conn, err = grpc.NewClient(addr, append(dopts, grpc.WithKeepaliveParams(clientKeepalive))...)
-	if err != nil {
+	if conn, err = c.connect(addr); err != nil {
 		return nil, false, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.connectTimeout)

@@ -40,12 +40,19 @@ then exits with CMD's exit code. If the lock is lost while CMD runs, CMD's
 process group gets SIGTERM, then SIGKILL after --grace (sooner if the hold's
 guarantee ends first, see below), and lockctl exits 75.
 
+If the broker holding the lock goes away while CMD runs (it dies, drains
+for a restart, or, with several --addr, falls silent for 60% of the last
+guarantee), lockctl resumes the hold on the brokers of --addr in turn,
+starting with the next: same session, same token, CMD keeps running. A
+broker that refuses the resume (the session is gone) ends the hold.
+
 The broker says how long the hold is guaranteed after every renewal
-(guaranteed_for). If no renewal arrives in time (the broker stalled, or the
-network to it is gone), lockctl treats the lock as lost, early enough that
-CMD is gone when the guarantee ends: SIGTERM at the end of the guarantee
-less --grace (at most a third of the guarantee), SIGKILL a quarter second
-before the end at the latest, exit 75.
+(guaranteed_for). If no renewal arrives in time and no broker has resumed
+the hold (the brokers stalled, or the network to them is gone), lockctl
+treats the lock as lost, early enough that CMD is gone when the guarantee
+ends: SIGTERM at the end of the guarantee less --grace (at most a third of
+the guarantee), SIGKILL a quarter second before the end at the latest,
+exit 75.
 
 ` + exitCodesHelp
 
@@ -99,37 +106,46 @@ func cmdLock(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 
-	conn, err := c.dial(ctx)
+	conn, addr, err := c.dialAddr(ctx)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
 	// Cancelling the stream is how the hold is released: the broker
 	// releases the key and destroys its session when the stream ends.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := lockbrokerv1.NewLockServiceClient(conn).Acquire(ctx, f.request(key))
+	req := f.request(key)
+	cur, err := openStream(ctx, conn, addr, req)
 	if err != nil {
+		conn.Close()
 		return err
 	}
-	events, recvDone := receive(ctx, stream)
-	defer func() { cancel(); <-recvDone }()
+	var r *resumer
+	defer func() {
+		cur.close()
+		if r != nil {
+			r.closeAll()
+		} else {
+			conn.Close()
+		}
+	}()
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	acq, err := awaitAcquired(c, &f, key, events, sigs)
+	acq, err := awaitAcquired(c, &f, key, cur.events, sigs)
 	if err != nil {
 		return err
 	}
+	r = newResumer(c, req, acq.GetSequencer(), addr, conn)
 	g := newGuarantee(acq.GetGuaranteedFor().AsDuration(), f.grace)
 	defer g.stop()
 	ch, err := startChild(path, argv, seqEnv(acq.GetSequencer()), c)
 	if err != nil {
 		return err
 	}
-	return supervise(c, &f, ch, g, events, sigs)
+	s := &supervisor{c: c, f: &f, ch: ch, g: g, sigs: sigs, r: r, base: ctx, cur: cur}
+	defer func() { cur = s.cur }()
+	return s.run()
 }
 
 // recvResult is one Recv from the Acquire stream.
@@ -253,34 +269,98 @@ func seqEnv(seq *lockbrokerv1.Sequencer) []string {
 	)
 }
 
-// supervise runs until the child exits (lockctl exits with its code) or the
+// supervisor runs until the child exits (lockctl exits with its code) or the
 // hold ends (the child is stopped and lockctl exits 75): lost, released,
-// the stream broke, or no keepalive came before the guarantee ran out. It
-// forwards signals to the child meanwhile.
-func supervise(c *cli, f *lockFlags, ch *child, g *guarantee, events <-chan recvResult, sigs <-chan os.Signal) error {
+// refused on resume, or not resumed before the guarantee ran out. It
+// forwards signals to the child meanwhile, and resumes the hold on another
+// broker when its stream breaks, its broker drains or (with several
+// addresses) falls silent (see resume.go).
+type supervisor struct {
+	c    *cli
+	f    *lockFlags
+	ch   *child
+	g    *guarantee
+	sigs <-chan os.Signal
+	r    *resumer
+	base context.Context // the streams' context
+	cur  *holdStream     // the stream that holds (or held) the lock
+
+	stall    *time.Timer // a silent stream's broker counts as stalled (several addresses)
+	resuming context.CancelFunc
+	resumed  chan resumeResult
+	why      string // what started the resume
+}
+
+func (s *supervisor) run() error {
+	s.stall = time.NewTimer(time.Hour)
+	defer s.stall.Stop()
+	s.heard(s.g.given)
+	defer s.stopResume()
 	for {
 		var why string
+		var events <-chan recvResult
+		if s.resuming == nil {
+			events = s.cur.events
+		}
 		select {
-		case <-ch.done:
-			return &exitErr{code: ch.exitCode()}
-		case s := <-sigs:
-			ch.signal(s.(syscall.Signal))
+		case <-s.ch.done:
+			return &exitErr{code: s.ch.exitCode()}
+		case sig := <-s.sigs:
+			s.ch.signal(sig.(syscall.Signal))
 			continue
-		case <-g.expiring():
-			why = fmt.Sprintf("no keepalive from the broker: the hold was guaranteed until %s", g.end().Format("15:04:05.000"))
+		case <-s.g.expiring():
+			why = fmt.Sprintf("no keepalive from the broker: the hold was guaranteed until %s", s.g.end().Format("15:04:05.000"))
+			if s.resuming != nil {
+				why = fmt.Sprintf("%s, and no broker resumed it before then (%s)", why, s.why)
+			}
+		case <-s.stall.C:
+			if s.resuming == nil && len(s.c.brokerAddrs()) > 1 {
+				s.resume(fmt.Sprintf("nothing heard from the broker at %s for %v", s.cur.addr, time.Duration(stallShare*float64(s.g.given)).Round(time.Millisecond)))
+			}
+			continue
+		case res := <-s.resumed:
+			s.resuming, s.resumed = nil, nil
+			if res.err != nil {
+				why = fmt.Sprintf("%s; %v", s.why, res.err)
+				break
+			}
+			old := s.cur
+			s.cur = res.hs
+			old.close()
+			d := res.acq.GetGuaranteedFor().AsDuration()
+			s.g.renew(d)
+			s.heard(d)
+			if s.f.verbose {
+				seq := res.acq.GetSequencer()
+				fmt.Fprintf(s.c.stderr, "lockctl: resumed on %s: session %s, token %d, held for at least %v\n",
+					s.cur.addr, seq.GetSessionId(), seq.GetToken(), d.Round(time.Millisecond))
+			}
+			continue
 		case ev := <-events:
 			switch e := ev.resp.GetEvent().(type) {
 			case *lockbrokerv1.AcquireResponse_Keepalive:
 				d := e.Keepalive.GetGuaranteedFor().AsDuration()
-				g.renew(d)
-				if f.verbose {
-					fmt.Fprintf(c.stderr, "lockctl: renewed, held for at least %v\n", d.Round(time.Millisecond))
+				s.g.renew(d)
+				s.heard(d)
+				if s.f.verbose {
+					fmt.Fprintf(s.c.stderr, "lockctl: renewed, held for at least %v\n", d.Round(time.Millisecond))
 				}
 				continue
 			case *lockbrokerv1.AcquireResponse_Acquired:
-				g.renew(e.Acquired.GetGuaranteedFor().AsDuration())
+				d := e.Acquired.GetGuaranteedFor().AsDuration()
+				s.g.renew(d)
+				s.heard(d)
 				continue
 			case *lockbrokerv1.AcquireResponse_Lost:
+				if e.Lost.GetReason() == lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN {
+					// The broker drains: it guarantees the hold until its
+					// drain ends, and the hold moves to another broker.
+					if gf := e.Lost.GetGuaranteedFor(); gf != nil {
+						s.g.shorten(gf.AsDuration())
+					}
+					s.resume(fmt.Sprintf("the broker at %s is shutting down", s.cur.addr))
+					continue
+				}
 				why = lostText(e.Lost)
 			case *lockbrokerv1.AcquireResponse_Released:
 				why = "released through LockService.Release"
@@ -288,21 +368,59 @@ func supervise(c *cli, f *lockFlags, ch *child, g *guarantee, events <-chan recv
 				if ev.err == nil {
 					continue // queued: nothing to do
 				}
-				why = "the stream to the broker broke: " + statusText(ev.err)
+				what := "the stream to the broker at " + s.cur.addr + " broke: " + statusText(ev.err)
 				if errors.Is(ev.err, io.EOF) {
-					why = "the broker ended the stream"
+					what = "the broker at " + s.cur.addr + " ended the stream"
 				}
+				s.resume(what)
+				continue
 			}
 		}
-		killAt := g.killBy(time.Now().Add(f.grace))
+		s.stopResume()
+		killAt := s.g.killBy(time.Now().Add(s.f.grace))
 		wait := time.Until(killAt).Round(time.Millisecond)
-		if ch.stop(killAt) {
-			why += fmt.Sprintf("; the command ignored SIGTERM and was killed %v later (--grace %v)", wait, f.grace)
+		if s.ch.stop(killAt) {
+			why += fmt.Sprintf("; the command ignored SIGTERM and was killed %v later (--grace %v)", wait, s.f.grace)
 		} else {
 			why += "; the command was terminated"
 		}
 		return &exitErr{code: exitLost, msg: "lock lost: " + why}
 	}
+}
+
+// heard notes word from the broker that guaranteed the hold for d: the
+// stream is stalled if nothing more comes within stallShare of d.
+func (s *supervisor) heard(d time.Duration) {
+	s.stall.Reset(time.Duration(stallShare * float64(d)))
+}
+
+// resume starts re-attaching the hold elsewhere (see resume.go); why is
+// what made it necessary. The current stream stays open meanwhile.
+func (s *supervisor) resume(why string) {
+	if s.resuming != nil {
+		return
+	}
+	s.why = why
+	if s.f.verbose {
+		fmt.Fprintf(s.c.stderr, "lockctl: %s; resuming the hold\n", why)
+	}
+	ctx, cancel := context.WithCancel(s.base)
+	s.resuming, s.resumed = cancel, make(chan resumeResult, 1)
+	r, base, from, done := s.r, s.base, s.cur.addr, s.resumed
+	go func() { done <- r.run(ctx, base, from) }()
+}
+
+// stopResume ends a resume in progress and closes the stream it may have
+// opened (the hold is being given up).
+func (s *supervisor) stopResume() {
+	if s.resuming == nil {
+		return
+	}
+	s.resuming()
+	if res := <-s.resumed; res.hs != nil {
+		res.hs.close()
+	}
+	s.resuming, s.resumed = nil, nil
 }
 
 // guarantee tracks until when the hold is safe: the arrival of the last
@@ -312,6 +430,7 @@ func supervise(c *cli, f *lockFlags, ch *child, g *guarantee, events <-chan recv
 type guarantee struct {
 	grace time.Duration
 	until time.Time
+	given time.Duration // the last guarantee
 	timer *time.Timer
 }
 
@@ -327,8 +446,15 @@ func newGuarantee(d, grace time.Duration) *guarantee {
 
 // renew starts a new guarantee of d from now.
 func (g *guarantee) renew(d time.Duration) {
-	g.until = time.Now().Add(d)
+	g.until, g.given = time.Now().Add(d), d
 	g.timer.Reset(max(d-min(g.grace, d/3), 0))
+}
+
+// shorten makes the guarantee end within d from now, if it ended later.
+func (g *guarantee) shorten(d time.Duration) {
+	if time.Now().Add(d).Before(g.until) {
+		g.renew(d)
+	}
 }
 
 // expiring fires when the command must start stopping.

@@ -1,0 +1,111 @@
+package lockctl_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// resumeScript is the locked command of the resume tests: it writes its
+// session and token to $0, notes a SIGTERM in $0.term, and exits 0 once
+// $0.go exists (at most after 60 s).
+const resumeScript = `trap 'echo TERM > "$0.term"' TERM
+echo "$LOCKBROKER_SESSION $LOCKBROKER_TOKEN" > "$0"
+i=0
+while [ ! -e "$0.go" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+echo done > "$0.done"`
+
+// TestLockResumes: `lockctl lock` with two brokers keeps running its
+// command when the broker its hold is on goes away, by resuming the hold
+// (same session, same token) on the other one, as the client libraries
+// do: the broker is killed (SIGKILL), drains for a restart (SIGTERM) or is
+// stopped (SIGSTOP: its stream falls silent). The command is never
+// signalled, finishes, and lockctl exits with its code, 0. When the other
+// broker refuses the resume (the session was destroyed meanwhile), the
+// hold is lost: the command is stopped and lockctl exits 75. Real broker
+// processes on one Consul agent.
+func TestLockResumes(t *testing.T) {
+	lockctl := brokertest.Build(t, "./cmd/lockctl", "lockctl")
+	agent := consultest.Start(t)
+	h := &harness{lockctl: lockctl}
+	kv := agent.Client().KV()
+
+	holder := func(key string) string {
+		e, _, err := kv.Get(key, &api.QueryOptions{RequireConsistent: true})
+		if err != nil || e == nil {
+			return ""
+		}
+		return e.Session
+	}
+
+	for _, tt := range []struct {
+		name string
+		stop func(a *brokertest.Process)
+	}{
+		{"killed", func(a *brokertest.Process) { a.Kill() }},
+		{"draining", func(a *brokertest.Process) { a.Signal(syscall.SIGTERM) }},
+		{"stopped", func(a *brokertest.Process) { a.Stop(); t.Cleanup(a.Cont) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := brokertest.StartProcess(t, agent), brokertest.StartProcess(t, agent)
+			key := "lockctl-test/resume/" + tt.name
+			file := filepath.Join(t.TempDir(), "child")
+			p := h.start(t, nil, "--addr", a.Addr+","+b.Addr, "lock", "-v", "--ttl", "10s", key, "--", "sh", "-c", resumeScript, file)
+			got := p.waitFile(t, file)
+			session, token := got[0], got[1]
+			require.Equal(t, session, holder(key))
+
+			tt.stop(a)
+			stopped := time.Now()
+			require.Eventually(t, func() bool { return strings.Contains(p.stderr.String(), "lockctl: resumed on "+b.Addr) },
+				15*time.Second, 20*time.Millisecond, "no resume on B; stderr: %s", p.stderr.String())
+			t.Logf("resumed on B %v after A was %s", time.Since(stopped).Round(time.Millisecond), tt.name)
+			assert.Contains(t, p.stderr.String(), "token "+token, "the same grant")
+			assert.Equal(t, session, holder(key), "the same session holds the key")
+
+			// Still held, and renewed by B, past the first broker's TTL.
+			time.Sleep(11 * time.Second)
+			assert.Equal(t, session, holder(key), "the hold outlived its first broker's TTL")
+			select {
+			case <-p.done:
+				t.Fatalf("lockctl exited %d; stderr: %s", p.cmd.ProcessState.ExitCode(), p.stderr.String())
+			default:
+			}
+
+			require.NoError(t, os.WriteFile(file+".go", nil, 0o644))
+			assert.Equal(t, 0, p.wait(t, 15*time.Second), "stderr: %s", p.stderr.String())
+			assert.FileExists(t, file+".done", "the command finished")
+			assert.NoFileExists(t, file+".term", "the command was never signalled")
+			assert.Eventually(t, func() bool { return holder(key) == "" }, 10*time.Second, 20*time.Millisecond, "released at the end")
+		})
+	}
+
+	t.Run("refused", func(t *testing.T) {
+		a, b := brokertest.StartProcess(t, agent), brokertest.StartProcess(t, agent)
+		key := "lockctl-test/resume/refused"
+		file := filepath.Join(t.TempDir(), "child")
+		p := h.start(t, nil, "--addr", a.Addr+","+b.Addr, "lock", "-v", "--ttl", "10s", "--grace", "1s", key, "--", "sh", "-c", resumeScript, file)
+		session := p.waitFile(t, file)[0]
+
+		// A stops, so it cannot tell the hold is gone; the session ends
+		// behind its back; the resume on B finds it gone.
+		a.Stop()
+		t.Cleanup(a.Cont)
+		_, err := agent.Client().Session().Destroy(session, nil)
+		require.NoError(t, err)
+		assert.Equal(t, exitLost, p.wait(t, 20*time.Second), "stderr: %s", p.stderr.String())
+		assert.Contains(t, p.stderr.String(), "refused to resume the hold")
+		assert.FileExists(t, file+".term", "the command was stopped")
+		assert.NoFileExists(t, file+".done")
+	})
+}
