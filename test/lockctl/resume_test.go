@@ -29,11 +29,11 @@ echo done > "$0.done"`
 // command when the broker its hold is on goes away, by resuming the hold
 // (same session, same token) on the other one, as the client libraries
 // do: the broker is killed (SIGKILL), drains for a restart (SIGTERM) or is
-// stopped (SIGSTOP: its stream falls silent). The command is never
-// signalled, finishes, and lockctl exits with its code, 0. When the other
-// broker refuses the resume (the session was destroyed meanwhile), the
-// hold is lost: the command is stopped and lockctl exits 75. Real broker
-// processes on one Consul agent.
+// stopped (SIGSTOP: its stream falls silent; it continues after the
+// move). The command is never signalled, finishes, and lockctl exits with
+// its code, 0. When the other broker refuses the resume (the session was
+// destroyed meanwhile), the hold is lost: the command is stopped and
+// lockctl exits 75. Real broker processes on one Consul agent.
 func TestLockResumes(t *testing.T) {
 	lockctl := brokertest.Build(t, "./cmd/lockctl", "lockctl")
 	agent := consultest.Start(t)
@@ -49,12 +49,14 @@ func TestLockResumes(t *testing.T) {
 	}
 
 	for _, tt := range []struct {
-		name string
-		stop func(a *brokertest.Process)
+		name  string
+		stop  func(a *brokertest.Process)
+		after func(a *brokertest.Process) // once the hold moved
 	}{
-		{"killed", func(a *brokertest.Process) { a.Kill() }},
-		{"draining", func(a *brokertest.Process) { a.Signal(syscall.SIGTERM) }},
-		{"stopped", func(a *brokertest.Process) { a.Stop(); t.Cleanup(a.Cont) }},
+		{"killed", func(a *brokertest.Process) { a.Kill() }, nil},
+		{"draining", func(a *brokertest.Process) { a.Signal(syscall.SIGTERM) }, nil},
+		// A wakes after the move: its copy of the hold must leave it alone.
+		{"stopped", func(a *brokertest.Process) { a.Stop(); t.Cleanup(a.Cont) }, func(a *brokertest.Process) { a.Cont() }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			a, b := brokertest.StartProcess(t, agent), brokertest.StartProcess(t, agent)
@@ -72,6 +74,9 @@ func TestLockResumes(t *testing.T) {
 			t.Logf("resumed on B %v after A was %s", time.Since(stopped).Round(time.Millisecond), tt.name)
 			assert.Contains(t, p.stderr.String(), "token "+token, "the same grant")
 			assert.Equal(t, session, holder(key), "the same session holds the key")
+			if tt.after != nil {
+				tt.after(a)
+			}
 
 			// Still held, and renewed by B, past the first broker's TTL.
 			time.Sleep(11 * time.Second)
