@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -44,7 +46,11 @@ If the broker holding the lock goes away while CMD runs (it dies, drains
 for a restart, or, with several --addr, falls silent for 60% of the last
 guarantee), lockctl resumes the hold on the brokers of --addr in turn,
 starting with the next: same session, same token, CMD keeps running. A
-broker that refuses the resume (the session is gone) ends the hold.
+broker that refuses the resume (the session is gone) ends the hold. A wait
+whose broker goes away (it dies, drains, or, with several --addr, misses
+three of its heartbeats) goes on at the next broker that takes it, as a
+new request: its place in the queue is lost, --timeout counts from the
+start.
 
 The broker says how long the hold is guaranteed after every renewal
 (guaranteed_for). If no renewal arrives in time and no broker has resumed
@@ -118,32 +124,30 @@ func cmdLock(ctx context.Context, c *cli, args []string) error {
 		conn.Close()
 		return err
 	}
-	var r *resumer
+	r := newResumer(ctx, c, req, addr, conn)
 	defer func() {
 		cur.close()
-		if r != nil {
-			r.closeAll()
-		} else {
-			conn.Close()
-		}
+		r.closeAll()
 	}()
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	acq, err := awaitAcquired(c, &f, key, cur.events, sigs)
+	w := &waiting{c: c, f: &f, key: key, r: r, cur: cur, sigs: sigs, start: time.Now()}
+	acq, err := w.await()
+	cur = w.cur
 	if err != nil {
 		return err
 	}
-	r = newResumer(c, req, acq.GetSequencer(), addr, conn)
+	r.seq = acq.GetSequencer()
 	g := newGuarantee(acq.GetGuaranteedFor().AsDuration(), f.grace)
 	defer g.stop()
 	ch, err := startChild(path, argv, seqEnv(acq.GetSequencer()), c)
 	if err != nil {
 		return err
 	}
-	s := &supervisor{c: c, f: &f, ch: ch, g: g, sigs: sigs, r: r, base: ctx, cur: cur}
+	s := &supervisor{c: c, f: &f, ch: ch, g: g, sigs: sigs, r: r, cur: cur}
 	defer func() { cur = s.cur }()
 	return s.run()
 }
@@ -202,47 +206,137 @@ func (f *lockFlags) request(key string) *lockbrokerv1.AcquireRequest {
 	return req
 }
 
-// awaitAcquired waits for the `acquired` event. A busy key (ABORTED) exits
-// 73 and a wait that timed out (DEADLINE_EXCEEDED) exits 74, both with the
-// broker's message naming the holders; a signal gives up the wait and exits
-// 128+N.
-func awaitAcquired(c *cli, f *lockFlags, key string, events <-chan recvResult, sigs <-chan os.Signal) (*lockbrokerv1.AcquireAcquired, error) {
-	var said string // the last "waiting" line: a heartbeat repeats it
+// waiting waits for the `acquired` event. A busy key (ABORTED) exits 73
+// and a wait that timed out (DEADLINE_EXCEEDED) exits 74, both with the
+// broker's message naming the holders; a signal gives up the wait and
+// exits 128+N.
+//
+// A wait whose broker goes away (the stream fails UNAVAILABLE: the broker
+// died or drains; or, with several addresses, it is silent for
+// waitStallBeats of its `queued` heartbeats: it is stopped) goes on with a
+// new request at the next broker of --addr that takes it, as the client
+// libraries' waits do: its place in the queue is lost, its --timeout
+// counts from the start.
+type waiting struct {
+	c     *cli
+	f     *lockFlags
+	key   string
+	r     *resumer
+	cur   *holdStream
+	sigs  <-chan os.Signal
+	start time.Time
+
+	said  string        // the last "waiting" line: a heartbeat repeats it
+	every time.Duration // the broker's heartbeat
+	moves int           // moves since the last `queued`
+}
+
+// waitStallBeats: a waiting stream that hears nothing for this many of its
+// broker's heartbeats is taken for stalled (as in the client libraries).
+const waitStallBeats = 3
+
+func (w *waiting) await() (*lockbrokerv1.AcquireAcquired, error) {
+	multi := len(w.c.brokerAddrs()) > 1
+	silence := time.NewTimer(time.Hour)
+	silence.Stop()
+	defer silence.Stop()
 	for {
 		select {
-		case s := <-sigs:
+		case s := <-w.sigs:
 			sig, _ := s.(syscall.Signal)
-			return nil, &exitErr{code: 128 + int(sig), msg: fmt.Sprintf("%v while waiting for %q", s, key)}
-		case ev := <-events:
+			return nil, &exitErr{code: 128 + int(sig), msg: fmt.Sprintf("%v while waiting for %q", s, w.key)}
+		case <-silence.C:
+			why := fmt.Sprintf("nothing heard from the broker at %s for %d heartbeats of %v", w.cur.addr, waitStallBeats, w.every)
+			if err := w.move(why, status.Error(codes.Unavailable, why)); err != nil {
+				return nil, err
+			}
+		case ev := <-w.cur.events:
 			if ev.err != nil {
-				return nil, waitError(ev.err)
+				if status.Code(ev.err) != codes.Unavailable {
+					return nil, waitError(ev.err)
+				}
+				why := "the stream to the broker at " + w.cur.addr + " broke: " + statusText(ev.err)
+				if err := w.move(why, ev.err); err != nil {
+					return nil, err
+				}
+				continue
 			}
 			switch e := ev.resp.GetEvent().(type) {
 			case *lockbrokerv1.AcquireResponse_Queued:
-				if f.verbose {
+				w.moves = 0
+				if hb := e.Queued.GetHeartbeat().AsDuration(); hb > 0 {
+					w.every = hb
+				}
+				if multi && w.every > 0 {
+					silence.Reset(waitStallBeats * w.every)
+				}
+				if w.f.verbose {
 					msg := "waiting: " + stateLine(e.Queued.GetState())
 					if d := e.Queued.GetLockDelayRemaining(); d != nil && d.AsDuration() > 0 {
 						msg += fmt.Sprintf(" (Consul lock-delay: %v left)", d.AsDuration().Round(time.Millisecond))
 					}
-					if msg != said {
-						fmt.Fprintln(c.stderr, "lockctl: "+msg)
-						said = msg
+					if msg != w.said {
+						fmt.Fprintln(w.c.stderr, "lockctl: "+msg)
+						w.said = msg
 					}
 				}
 			case *lockbrokerv1.AcquireResponse_Acquired:
 				seq := e.Acquired.GetSequencer()
-				if f.verbose {
-					fmt.Fprintf(c.stderr, "lockctl: acquired %q: session %s, token %d, held for at least %v\n",
+				if w.f.verbose {
+					fmt.Fprintf(w.c.stderr, "lockctl: acquired %q: session %s, token %d, held for at least %v\n",
 						seq.GetKey(), seq.GetSessionId(), seq.GetToken(), e.Acquired.GetGuaranteedFor().AsDuration().Round(time.Millisecond))
 				}
 				return e.Acquired, nil
 			case *lockbrokerv1.AcquireResponse_Lost:
-				return nil, fmt.Errorf("lost while waiting for %q: %s", key, lostText(e.Lost))
+				return nil, fmt.Errorf("lost while waiting for %q: %s", w.key, lostText(e.Lost))
 			case *lockbrokerv1.AcquireResponse_Released:
-				return nil, fmt.Errorf("released while waiting for %q", key)
+				return nil, fmt.Errorf("released while waiting for %q", w.key)
 			}
 		}
 	}
+}
+
+// move ends the current wait and sends the request again to the brokers
+// of --addr in turn, from the next one, until one takes it; err is what
+// ends the wait when none does (or after 2 rounds of moves with no
+// `queued` heard in between).
+func (w *waiting) move(why string, err error) error {
+	addrs := w.c.brokerAddrs()
+	if w.moves >= 2*len(addrs) {
+		return waitError(err)
+	}
+	if w.moves > 0 && w.moves%len(addrs) == 0 {
+		time.Sleep(resumePause)
+	}
+	w.moves++
+	req := proto.CloneOf(w.r.req)
+	if w.f.timeout.set {
+		left := w.f.timeout.d - time.Since(w.start)
+		if left <= 0 {
+			return &exitErr{code: exitTime, msg: fmt.Sprintf("%s; the wait for %q timed out (--timeout %v)", why, w.key, w.f.timeout.d)}
+		}
+		req.WaitTimeout = durationpb.New(left)
+	}
+	w.cur.close()
+	start := slices.Index(addrs, w.cur.addr) + 1
+	for i := range addrs {
+		addr := addrs[(start+i)%len(addrs)]
+		cc, cerr := w.r.conn(addr)
+		if cerr != nil {
+			continue
+		}
+		hs, oerr := openStream(w.r.base, cc, addr, req)
+		if oerr != nil {
+			err = oerr
+			continue
+		}
+		if w.f.verbose {
+			fmt.Fprintf(w.c.stderr, "lockctl: %s; waiting at %s instead\n", why, addr)
+		}
+		w.cur = hs
+		return nil
+	}
+	return waitError(err)
 }
 
 // waitError maps an error that ended the wait to lockctl's exit codes.
@@ -282,8 +376,7 @@ type supervisor struct {
 	g    *guarantee
 	sigs <-chan os.Signal
 	r    *resumer
-	base context.Context // the streams' context
-	cur  *holdStream     // the stream that holds (or held) the lock
+	cur  *holdStream // the stream that holds (or held) the lock
 
 	stall    *time.Timer // a silent stream's broker counts as stalled (several addresses)
 	resuming context.CancelFunc
@@ -404,10 +497,10 @@ func (s *supervisor) resume(why string) {
 	if s.f.verbose {
 		fmt.Fprintf(s.c.stderr, "lockctl: %s; resuming the hold\n", why)
 	}
-	ctx, cancel := context.WithCancel(s.base)
+	ctx, cancel := context.WithCancel(s.r.base)
 	s.resuming, s.resumed = cancel, make(chan resumeResult, 1)
-	r, base, from, done := s.r, s.base, s.cur.addr, s.resumed
-	go func() { done <- r.run(ctx, base, from) }()
+	r, from, done := s.r, s.cur.addr, s.resumed
+	go func() { done <- r.run(ctx, from) }()
 }
 
 // stopResume ends a resume in progress and closes the stream it may have

@@ -71,16 +71,17 @@ func (s *holdStream) close() {
 
 // resumer re-attaches the hold on the brokers of --addr.
 type resumer struct {
-	c   *cli
-	req *lockbrokerv1.AcquireRequest // the first request
-	seq *lockbrokerv1.Sequencer      // the grant
+	c    *cli
+	base context.Context              // the streams' context
+	req  *lockbrokerv1.AcquireRequest // the first request
+	seq  *lockbrokerv1.Sequencer      // the grant, once there is one
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 }
 
-func newResumer(c *cli, req *lockbrokerv1.AcquireRequest, seq *lockbrokerv1.Sequencer, first string, conn *grpc.ClientConn) *resumer {
-	return &resumer{c: c, req: req, seq: seq, conns: map[string]*grpc.ClientConn{first: conn}}
+func newResumer(ctx context.Context, c *cli, req *lockbrokerv1.AcquireRequest, first string, conn *grpc.ClientConn) *resumer {
+	return &resumer{c: c, base: ctx, req: req, conns: map[string]*grpc.ClientConn{first: conn}}
 }
 
 // conn is the connection to addr, opened on first use and kept.
@@ -117,8 +118,9 @@ type resumeResult struct {
 
 // run tries the brokers in turn, starting after from, until one resumes
 // the hold or refuses it, or ctx ends (the supervisor ends it when the
-// command must be stopped or has exited). The new stream lives under base.
-func (r *resumer) run(ctx, base context.Context, from string) resumeResult {
+// command must be stopped or has exited). The new stream lives under
+// r.base.
+func (r *resumer) run(ctx context.Context, from string) resumeResult {
 	addrs := r.c.brokerAddrs()
 	start := 0
 	for i, a := range addrs {
@@ -130,7 +132,7 @@ func (r *resumer) run(ctx, base context.Context, from string) resumeResult {
 	var tried []string
 	for attempt := 0; ; attempt++ {
 		addr := addrs[(start+attempt)%len(addrs)]
-		hs, acq, err := r.try(ctx, base, addr)
+		hs, acq, err := r.try(ctx, addr)
 		switch {
 		case err == nil:
 			return resumeResult{hs: hs, acq: acq}
@@ -166,14 +168,14 @@ func refused(err error) bool {
 
 // try resumes the hold on addr: an Acquire with the grant as its resume,
 // answered by `acquired` with the same token within resumeAttempt.
-func (r *resumer) try(ctx, base context.Context, addr string) (*holdStream, *lockbrokerv1.AcquireAcquired, error) {
+func (r *resumer) try(ctx context.Context, addr string) (*holdStream, *lockbrokerv1.AcquireAcquired, error) {
 	cc, err := r.conn(addr)
 	if err != nil {
 		return nil, nil, err
 	}
 	req := proto.CloneOf(r.req)
 	req.Session = &lockbrokerv1.AcquireRequest_Resume{Resume: r.seq}
-	hs, err := openStream(base, cc, addr, req)
+	hs, err := openStream(r.base, cc, addr, req)
 	if err != nil {
 		return nil, nil, err
 	}

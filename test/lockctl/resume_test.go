@@ -114,3 +114,46 @@ func TestLockResumes(t *testing.T) {
 		assert.NoFileExists(t, file+".done")
 	})
 }
+
+// TestLockWaitMoves: a `lockctl lock` that waits for a key goes on waiting
+// at the next broker when the one it waits at dies (SIGKILL: the stream
+// fails UNAVAILABLE) or stops (SIGSTOP: three `queued` heartbeats of
+// silence), and gets the key there once its holder lets it go: its command
+// runs and lockctl exits 0.
+func TestLockWaitMoves(t *testing.T) {
+	lockctl := brokertest.Build(t, "./cmd/lockctl", "lockctl")
+	agent := consultest.Start(t)
+	h := &harness{lockctl: lockctl}
+	for _, tt := range []struct {
+		name string
+		stop func(a *brokertest.Process)
+	}{
+		{"killed", func(a *brokertest.Process) { a.Kill() }},
+		{"stopped", func(a *brokertest.Process) { a.Stop(); t.Cleanup(a.Cont) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := brokertest.StartProcess(t, agent), brokertest.StartProcess(t, agent)
+			key := "lockctl-test/wait-moves/" + tt.name
+			dir := t.TempDir()
+			held := filepath.Join(dir, "holder")
+			holder := h.start(t, nil, "--addr", b.Addr, "lock", key, "--", "sh", "-c", resumeScript, held)
+			holder.waitFile(t, held)
+
+			ran := filepath.Join(dir, "waiter")
+			waiter := h.start(t, nil, "--addr", a.Addr+","+b.Addr, "lock", "-v", key, "--", "sh", "-c", `echo "$LOCKBROKER_SESSION" > "$0"`, ran)
+			require.Eventually(t, func() bool { return strings.Contains(waiter.stderr.String(), "lockctl: waiting: ") },
+				15*time.Second, 20*time.Millisecond, "the waiter never queued; stderr: %s", waiter.stderr.String())
+
+			tt.stop(a)
+			stopped := time.Now()
+			require.Eventually(t, func() bool { return strings.Contains(waiter.stderr.String(), "waiting at "+b.Addr+" instead") },
+				15*time.Second, 20*time.Millisecond, "the wait did not move to B; stderr: %s", waiter.stderr.String())
+			t.Logf("the wait moved to B %v after A was %s", time.Since(stopped).Round(time.Millisecond), tt.name)
+
+			require.NoError(t, os.WriteFile(held+".go", nil, 0o644))
+			assert.Equal(t, 0, holder.wait(t, 15*time.Second), "holder: %s", holder.stderr.String())
+			assert.Equal(t, 0, waiter.wait(t, 30*time.Second), "waiter: %s", waiter.stderr.String())
+			assert.FileExists(t, ran, "the waiter's command ran")
+		})
+	}
+}
