@@ -4,20 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
-
-// clientKeepalive pings the broker after 10 s without traffic while a call
-// is open, and gives the connection up when a ping is not answered within
-// 5 s, so a vanished broker breaks the stream (the broker allows pings
-// every 5 s).
-var clientKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}
 
 // dial connects to the first broker, in the order given, that answers a
 // gRPC health check with SERVING within --connect-timeout. A broker that
@@ -59,13 +51,15 @@ func (c *cli) dialAddr(ctx context.Context) (*grpc.ClientConn, string, error) {
 }
 
 // connect opens a connection to addr without a health check (grpc.NewClient
-// connects on first use).
+// connects on first use). The client library's DialOptions give it HTTP/2
+// keepalive (client.KeepaliveTime, client.KeepaliveTimeout), so a vanished
+// broker breaks the stream.
 func (c *cli) connect(addr string) (*grpc.ClientConn, error) {
 	dopts, err := c.sec.dialOptions(addr)
 	if err != nil {
 		return nil, err
 	}
-	return grpc.NewClient(addr, append(dopts, grpc.WithKeepaliveParams(clientKeepalive))...)
+	return grpc.NewClient(addr, dopts...)
 }
 
 // probe opens a connection to addr and asks the standard health service

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -122,13 +123,7 @@ type resumeResult struct {
 // r.base.
 func (r *resumer) run(ctx context.Context, from string) resumeResult {
 	addrs := r.c.brokerAddrs()
-	start := 0
-	for i, a := range addrs {
-		if a == from {
-			start = i + 1
-			break
-		}
-	}
+	start := slices.Index(addrs, from) + 1
 	var tried []string
 	for attempt := 0; ; attempt++ {
 		addr := addrs[(start+attempt)%len(addrs)]
