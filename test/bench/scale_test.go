@@ -249,7 +249,7 @@ func TestScale(t *testing.T) {
 	stopMonitor()
 
 	// Waiting: what Acquire requests queued behind these holds cost.
-	waiting := scaleWaiting(ctx, brokerFigures{httpAddr: bp.HTTPAddr, pid: pid, agentPid: agentPid}, clients, holds)
+	waiting := scaleWaiting(ctx, &brokerProcess{httpAddr: bp.HTTPAddr, pid: pid}, agentPid, clients, holds)
 
 	g0, gDuring := m0["go_goroutines"], mDuring["go_goroutines"]
 	goroutinesPerHold := (gDuring - g0) / float64(max(nAcquired, 1))

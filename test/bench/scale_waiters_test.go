@@ -39,7 +39,7 @@ type waitFigures struct {
 // measures what waiting costs: the broker sends each a `queued` heartbeat
 // every broker.QueuedHeartbeat, and each has a session of its own. The
 // waiters are cancelled before it returns.
-func scaleWaiting(ctx context.Context, bp brokerFigures, clients []lockbrokerv1.LockServiceClient, holds []*scaleHold) *waitFigures {
+func scaleWaiting(ctx context.Context, bp *brokerProcess, agentPid int, clients []lockbrokerv1.LockServiceClient, holds []*scaleHold) *waitFigures {
 	f := &waitFigures{}
 	var keys []string
 	for _, h := range holds {
@@ -109,9 +109,8 @@ func scaleWaiting(ctx context.Context, bp brokerFigures, clients []lockbrokerv1.
 
 	// Let the first heartbeats spread out, then measure a window.
 	time.Sleep(2 * time.Second)
-	agentPid := bp.agentPid
 	m1 := scrape(bp.httpAddr)
-	ops0 := (&brokerProcess{httpAddr: bp.httpAddr}).OpCounts()
+	ops0 := bp.OpCounts()
 	_, cpuB0 := statOf(bp.pid)
 	_, cpuA0 := statOf(agentPid)
 	b0, t0 := beats.Load(), time.Now()
@@ -122,7 +121,7 @@ func scaleWaiting(ctx context.Context, bp brokerFigures, clients []lockbrokerv1.
 	_, cpuB1 := statOf(bp.pid)
 	_, cpuA1 := statOf(agentPid)
 	m2 := scrape(bp.httpAddr)
-	ops1 := (&brokerProcess{httpAddr: bp.httpAddr}).OpCounts()
+	ops1 := bp.OpCounts()
 	rss, _ := rssKiB(bp.pid)
 
 	f.beatsPerSec = float64(b1-b0) / float64(f.n) / span.Seconds()
@@ -140,12 +139,6 @@ func scaleWaiting(ctx context.Context, bp brokerFigures, clients []lockbrokerv1.
 		f.errs.add(fmt.Errorf("waiters not all ended within 30s of their cancel"))
 	}
 	return f
-}
-
-// brokerFigures says where TestScale reads the broker's figures.
-type brokerFigures struct {
-	httpAddr      string
-	pid, agentPid int
 }
 
 // rows adds the waiting phase's rows to tb; holdingCPU is the broker's CPU
