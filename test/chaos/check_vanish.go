@@ -78,10 +78,17 @@ func (b VanishBounds) deadline(s *Snapshot, fr Freeze) (time.Duration, int) {
 // checkVanished checks the other direction of DESIGN.md's loss detection:
 // a client that vanishes while holding a lock (frozen with its
 // connections mute, so that only gRPC keepalive can tell, or closed)
-// loses it to someone else by the deadline above. This is also what makes
-// a frozen client's stale write meet a newer token rather than luck. It
-// returns the number of holds judged at the plain bound and at a pushed
-// one.
+// loses it by the deadline above: someone else gets the lock, or a
+// consistent read (an observer's GetLock) sees the key free or held by
+// another grant. This is also what makes a frozen client's stale write
+// meet a newer token rather than luck. It returns the number of holds
+// judged at the plain bound and at a pushed one.
+//
+// The read counts because the promise is the release, not the next
+// grant: a waiter whose own replica is cut off from Consul or stopped
+// may take longer to get a free key (the liveness check of the quiet
+// periods judges that), and faults on the waiters' replicas do not push
+// this bound.
 func checkVanished(s *Snapshot, b VanishBounds, r *Result) (plain, pushed int) {
 	for _, f := range s.Freezes {
 		if f.End-f.Start <= b.Vanish {
@@ -97,7 +104,7 @@ func checkVanished(s *Snapshot, b VanishBounds, r *Result) (plain, pushed int) {
 			} else {
 				pushed++
 			}
-			if movedBy(s, h, f.Start, dl) {
+			if movedBy(s, h, f.Start, dl) || seenReleased(s, h, f.Start, dl) {
 				continue
 			}
 			why := fmt.Sprintf("within %s", b.Vanish)
@@ -105,7 +112,7 @@ func checkVanished(s *Snapshot, b VanishBounds, r *Result) (plain, pushed int) {
 				why = fmt.Sprintf("by %s (%d faults on its replica %q or Consul pushed the bound)", ms(dl), n, f.Replica)
 			}
 			r.add(Violation{At: dl, Key: h.Key,
-				Msg:     fmt.Sprintf("client %d vanished at %s holding %s and nobody else got the lock %s (frozen until %s)", f.Client, ms(f.Start), h.Key, why, ms(f.End)),
+				Msg:     fmt.Sprintf("client %d vanished at %s holding %s and nobody else got the lock, nor did a consistent read see it released, %s (frozen until %s)", f.Client, ms(f.Start), h.Key, why, ms(f.End)),
 				Excerpt: []string{h.describe()}})
 		}
 	}
@@ -117,6 +124,20 @@ func checkVanished(s *Snapshot, b VanishBounds, r *Result) (plain, pushed int) {
 func movedBy(s *Snapshot, h Hold, from, to time.Duration) bool {
 	for _, g := range s.Holds {
 		if g.Key == h.Key && g.ID != h.ID && g.Acquired >= from && g.Acquired <= to {
+			return true
+		}
+	}
+	return false
+}
+
+// seenReleased reports whether a consistent read of h's key (GetLock)
+// that began at or after from and answered by to saw the key free or
+// held by another grant than h's: h's hold had ended by then. A read that
+// began before from may have been served before h's grant or before the
+// freeze, and tells nothing.
+func seenReleased(s *Snapshot, h Hold, from, to time.Duration) bool {
+	for _, c := range s.Checks {
+		if c.GetLock && c.Key == h.Key && c.Call >= from && c.Return <= to && c.Holder != h.Token {
 			return true
 		}
 	}

@@ -84,4 +84,33 @@ func TestCheckVanished(t *testing.T) {
 	checkVanished(&Snapshot{Holds: []Hold{held, own}, Freezes: []Freeze{fr}, End: s(100),
 		Faults: []Fault{{Kind: FBrokerKill, Target: "broker-1", Start: s(8), End: s(9)}}}, b, &r)
 	assert.True(t, r.OK)
+
+	// Released on time, but no waiter got it in time (a waiter's own
+	// replica cut off from Consul, say): an observer's consistent read
+	// that saw the key free, or held by another grant, shows the promise
+	// kept (the run at seed 659867481: the key seen free 14.5s into the
+	// freeze, granted 25.2s into it).
+	read := func(call, ret float64, holder uint64) Check {
+		return Check{Client: 9, Key: "k", GetLock: true, Holder: holder, Call: s(call), Return: s(ret)}
+	}
+	withChecks := func(checks ...Check) Result {
+		r := newResult(CheckerLiveness)
+		checkVanished(&Snapshot{Holds: []Hold{held, late}, Freezes: []Freeze{fr}, Checks: checks, End: s(100)}, b, &r)
+		return r
+	}
+	assert.True(t, withChecks(read(16.5, 16.6, 0)).OK, "seen free 14.5s into the freeze")
+	assert.True(t, withChecks(read(24.8, 24.9, 77)).OK, "seen held by another grant before the bound")
+	for name, c := range map[string]Check{
+		"still held by the vanished client": read(16.5, 16.6, 10),
+		"begun before the freeze":           read(1.5, 2.5, 0),
+		"answered after the bound (25s)":    read(24.9, 25.2, 0),
+		"a CheckSequencer, not a GetLock":   {Client: 9, Key: "k", Token: 10, Call: s(16.5), Return: s(16.6)},
+		"another key":                       {Client: 9, Key: "k2", GetLock: true, Call: s(16.5), Return: s(16.6)},
+	} {
+		r := withChecks(c)
+		assert.False(t, r.OK, name)
+		if assert.Len(t, r.Violations, 1, name) {
+			assert.Contains(t, r.Violations[0].Msg, "nor did a consistent read see it released", name)
+		}
+	}
 }

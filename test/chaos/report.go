@@ -88,7 +88,7 @@ func (r *run) report(s *Snapshot, sched *Schedule, left Leftovers, d time.Durati
 	rep.Losses = st
 	rep.LossP50Millis, rep.LossP99Millis, rep.LossMaxMillis = millis(st.P50), millis(st.P99), millis(st.Max)
 	rep.Checkers = []Result{fencing, overlap, lin, loss}
-	rep.LivenessBound = fmt.Sprintf("a vanished holder's lock moves within %s (20s + lock-delay + 1s)", r.p.Vanish())
+	rep.LivenessBound = fmt.Sprintf("a vanished holder's lock is released (seen free by a consistent read, or granted anew) within %s (20s + lock-delay + 1s)", r.p.Vanish())
 	if r.p.CheckLiveness {
 		rep.LivenessBound = fmt.Sprintf("recovery %s (2×TTL + lock-delay + 5s) then the rest of a %s quiet period; ", r.p.Recovery(), r.p.QuietLen) + rep.LivenessBound
 	} else {
