@@ -54,6 +54,7 @@ type Broker struct {
 	pools        *pools // nil unless WithSessionPool
 	promiseBound time.Duration
 	renewals     *renewalLog // the holds' renewals that failed and are retried
+	reach        *reach      // whether Consul answers, for waiters (reach.go)
 	janitorStop  context.CancelFunc
 	janitorDone  chan struct{} // the janitor and the pool stopped
 }
@@ -119,11 +120,13 @@ func New(store Store, log *zap.Logger, opts ...Option) *Broker {
 		recent:       newRecentReleases(),
 		promiseBound: max(o.promiseBound, time.Second),
 		renewals:     newRenewalLog(log),
+		reach:        newReach(),
 	}
 	jctx, cancel := context.WithCancel(context.Background())
 	b.janitorStop, b.janitorDone = cancel, make(chan struct{})
 	var bg sync.WaitGroup
 	bg.Go(func() { b.janitor(jctx, o.janitor) })
+	bg.Go(func() { b.watchReach(jctx) })
 	if o.pool {
 		b.pools = newPools(jctx, b)
 		bg.Go(b.pools.wait)

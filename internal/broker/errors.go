@@ -61,6 +61,7 @@ const (
 	ReasonQuotaExceeded          Reason = "QUOTA_EXCEEDED"
 	ReasonInternal               Reason = "INTERNAL"
 	ReasonConsulRejected         Reason = "CONSUL_REJECTED"
+	ReasonReplicaCutOff          Reason = "REPLICA_CUT_OFF"
 )
 
 // Error is a domain error with what a client needs to act on it. It wraps

@@ -110,6 +110,14 @@ func (b *Broker) begin(ctx context.Context, spec *AcquireSpec, send func(Event) 
 	}
 	if err != nil {
 		h.life.End(Outcome{Kind: OutcomeFailed})
+		if r, _ := ReasonOf(err); r == ReasonConsulUnavailable || r == ReasonReplicaCutOff {
+			// Consul does not answer here: the client learns it now and
+			// may go to another replica; the cleanup follows (as after a
+			// renewal failure, see keep.go), bounded by cleanupContext.
+			b.holds.Add(1)
+			go func() { defer b.holds.Done(); h.abandon() }()
+			return nil, err
+		}
 		h.abandon()
 		return nil, err
 	}

@@ -128,6 +128,10 @@ type Store interface {
 	// ops when one did not. The sweep checks thousands of keys a second
 	// with it.
 	Check(ctx context.Context, ops []Op) error
+	// Reachable reports whether Consul's agent answers at all: a cluster
+	// without a leader (an election) still answers; an agent cut off from
+	// this replica, stopped, or unable to reach its servers does not.
+	Reachable(ctx context.Context) error
 }
 
 // StoreErrorKind classifies a failed store call.

@@ -120,6 +120,7 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 		delayTimer = time.After(delayLeft)
 	}
 	w.fresh = false
+	cutOff := h.b.reach.lost()
 	beat := time.NewTimer(QueuedHeartbeat)
 	defer beat.Stop()
 	for {
@@ -133,6 +134,10 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 			return nil, holdersError(ErrTimeout, ReasonWaitTimeout, st)
 		case err := <-failed:
 			return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
+		case <-cutOff:
+			// The key may be free with nobody here able to see or take
+			// it: another replica can (see reach.go).
+			return nil, newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent has not answered for %s; wait on another replica", reachGrace)
 		case <-beat.C:
 			// Nothing changed, and the replica is alive: the last
 			// `queued` again, with the lock-delay left now.

@@ -37,9 +37,10 @@ type Replica struct {
 type Option func(*options)
 
 type options struct {
-	waitTime time.Duration
-	server   []server.Option
-	broker   []broker.Option
+	waitTime   time.Duration
+	consulAddr string
+	server     []server.Option
+	broker     []broker.Option
 }
 
 // WithBrokerOptions passes options to broker.New (session pool, ...).
@@ -50,6 +51,10 @@ func WithBrokerOptions(opts ...broker.Option) Option {
 // WithWaitTime bounds each Consul blocking query (default
 // consulstore.DefaultWaitTime); an idle watch lingers that long.
 func WithWaitTime(d time.Duration) Option { return func(o *options) { o.waitTime = d } }
+
+// WithConsulAddress makes the replica reach the agent at addr (a proxy in
+// front of it, say) instead of the agent's own address.
+func WithConsulAddress(addr string) Option { return func(o *options) { o.consulAddr = addr } }
 
 // WithServerOptions passes options to server.New (keepalive, ...).
 func WithServerOptions(opts ...server.Option) Option {
@@ -64,7 +69,11 @@ func Start(t testing.TB, agent *consultest.Agent, opts ...Option) *Replica {
 		opt(&o)
 	}
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	store, err := consulstore.Open(agent.Config(), consulstore.Options{WaitTime: o.waitTime})
+	cfg := agent.Config()
+	if o.consulAddr != "" {
+		cfg.Address = o.consulAddr
+	}
+	store, err := consulstore.Open(cfg, consulstore.Options{WaitTime: o.waitTime})
 	if err != nil {
 		t.Fatalf("consul store: %v", err)
 	}

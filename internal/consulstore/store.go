@@ -271,9 +271,19 @@ func (s *Store) Options() Options { return s.opts }
 // Healthy reports whether Consul answers and has a leader: nil, a
 // *broker.StoreError, or ctx's error.
 func (s *Store) Healthy(ctx context.Context) error {
+	return s.statusLeader(ctx, true)
+}
+
+// Reachable implements broker.Store: Consul's agent answers its status
+// call, with or without a cluster leader.
+func (s *Store) Reachable(ctx context.Context) error {
+	return s.statusLeader(ctx, false)
+}
+
+func (s *Store) statusLeader(ctx context.Context, needLeader bool) error {
 	c := s.begin(ctx, opStatusLeader, s.opts.CallTimeout)
 	leader, err := s.c.Status().LeaderWithQueryOptions((&api.QueryOptions{}).WithContext(c.ctx))
-	if err == nil && leader == "" {
+	if err == nil && leader == "" && needLeader {
 		err = &broker.StoreError{Kind: broker.StoreUnavailable, Op: c.opName(), Err: errors.New("no cluster leader")}
 	}
 	return c.end(err)

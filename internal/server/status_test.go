@@ -92,6 +92,8 @@ func TestToStatus(t *testing.T) {
 			code: codes.Unavailable, reason: "CONSUL_UNAVAILABLE", meta: map[string]string{"consulOperation": "kv txn"}, retry: 5 * time.Second},
 		{name: "consul timeout is not the client's deadline", err: &broker.StoreError{Kind: broker.StoreUnavailable, Op: "session renew", Err: context.DeadlineExceeded},
 			code: codes.Unavailable, reason: "CONSUL_UNAVAILABLE", meta: map[string]string{"consulOperation": "session renew"}, retry: DefaultRetryDelay},
+		{name: "replica cut off", err: &broker.Error{Kind: broker.ErrUnavailable, Reason: broker.ReasonReplicaCutOff, Msg: "no answer for 3s"},
+			code: codes.Unavailable, reason: "REPLICA_CUT_OFF", retry: DefaultRetryDelay},
 		{name: "consul 403", err: &broker.StoreError{Kind: broker.StorePermissionDenied, Op: "session create", Err: errors.New("Permission denied")},
 			code: codes.PermissionDenied, reason: "CONSUL_PERMISSION_DENIED", meta: map[string]string{"consulOperation": "session create"}},
 		{name: "consul rejected", err: &broker.StoreError{Kind: broker.StoreRejected, Op: "kv txn", Err: errors.New("413 too large")},

@@ -118,6 +118,7 @@ const BY_REASON = {
   QUOTA_EXCEEDED: QuotaExceededError,
   INTERNAL: InternalError,
   CONSUL_REJECTED: RejectedError,
+  REPLICA_CUT_OFF: UnavailableError,
 };
 
 const BY_CODE = {

@@ -191,6 +191,7 @@ _BY_REASON = {
     "QUOTA_EXCEEDED": QuotaExceeded,
     "INTERNAL": Internal,
     "CONSUL_REJECTED": Rejected,
+    "REPLICA_CUT_OFF": Unavailable,
 }
 
 _BY_CODE = {

@@ -78,6 +78,7 @@ def test_lock_held_carries_holders():
     (grpc.StatusCode.ABORTED, "LOCK_DELAY", lockbroker.LockDelay),
     (grpc.StatusCode.DEADLINE_EXCEEDED, "WAIT_TIMEOUT", lockbroker.WaitTimeout),
     (grpc.StatusCode.UNAVAILABLE, "BROKER_SHUTTING_DOWN", lockbroker.Unavailable),
+    (grpc.StatusCode.UNAVAILABLE, "REPLICA_CUT_OFF", lockbroker.Unavailable),
     (grpc.StatusCode.PERMISSION_DENIED, "CONSUL_PERMISSION_DENIED", lockbroker.PermissionDenied),
     (grpc.StatusCode.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED", lockbroker.QuotaExceeded),
     (grpc.StatusCode.FAILED_PRECONDITION, "CONSUL_REJECTED", lockbroker.Rejected),

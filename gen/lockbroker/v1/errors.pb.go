@@ -95,6 +95,11 @@ const (
 	// (a session check that does not exist, a value over Consul's size
 	// limit). Retrying does not help until that changes.
 	ErrorReason_ERROR_REASON_CONSUL_REJECTED ErrorReason = 19
+	// UNAVAILABLE: a waiting request's replica is cut off from its Consul
+	// agent (no answer for 3 s, see Acquire): another replica may grant the
+	// key. Unlike CONSUL_UNAVAILABLE, the client libraries take the request
+	// to another replica at once.
+	ErrorReason_ERROR_REASON_REPLICA_CUT_OFF ErrorReason = 20
 )
 
 // Enum value maps for ErrorReason.
@@ -120,6 +125,7 @@ var (
 		17: "ERROR_REASON_QUOTA_EXCEEDED",
 		18: "ERROR_REASON_INTERNAL",
 		19: "ERROR_REASON_CONSUL_REJECTED",
+		20: "ERROR_REASON_REPLICA_CUT_OFF",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":              0,
@@ -142,6 +148,7 @@ var (
 		"ERROR_REASON_QUOTA_EXCEEDED":           17,
 		"ERROR_REASON_INTERNAL":                 18,
 		"ERROR_REASON_CONSUL_REJECTED":          19,
+		"ERROR_REASON_REPLICA_CUT_OFF":          20,
 	}
 )
 
@@ -176,7 +183,7 @@ var File_lockbroker_v1_errors_proto protoreflect.FileDescriptor
 
 const file_lockbroker_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1alockbroker/v1/errors.proto\x12\rlockbroker.v1*\xa9\x05\n" +
+	"\x1alockbroker/v1/errors.proto\x12\rlockbroker.v1*\xcb\x05\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dERROR_REASON_INVALID_ARGUMENT\x10\x01\x12\x1a\n" +
@@ -198,7 +205,8 @@ const file_lockbroker_v1_errors_proto_rawDesc = "" +
 	"\x1cERROR_REASON_UNAUTHENTICATED\x10\x10\x12\x1f\n" +
 	"\x1bERROR_REASON_QUOTA_EXCEEDED\x10\x11\x12\x19\n" +
 	"\x15ERROR_REASON_INTERNAL\x10\x12\x12 \n" +
-	"\x1cERROR_REASON_CONSUL_REJECTED\x10\x13BAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3"
+	"\x1cERROR_REASON_CONSUL_REJECTED\x10\x13\x12 \n" +
+	"\x1cERROR_REASON_REPLICA_CUT_OFF\x10\x14BAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3"
 
 var (
 	file_lockbroker_v1_errors_proto_rawDescOnce sync.Once

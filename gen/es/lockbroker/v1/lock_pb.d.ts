@@ -865,7 +865,11 @@ export declare const LockService: GenService<{
    * holders; FAILED_PRECONDITION when the key carries foreign flags or a
    * semaphore's stored limit differs, or a resumed hold is no longer held;
    * NOT_FOUND for an unknown session_id; UNAVAILABLE when Consul cannot be
-   * reached.
+   * reached. A waiting request also ends UNAVAILABLE (reason
+   * REPLICA_CUT_OFF) when this replica's Consul agent has not answered
+   * for 3 s: the key may be free, and another replica can grant it. An
+   * agent that answers without a cluster leader (an election) does not end
+   * waits: no replica could grant meanwhile.
    *
    * Cancelling the stream releases a hold whose session the broker created
    * at once. A stream that ends because its connection was lost (reset,

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alockbroker/v1/errors.proto\x12\rlockbroker.v1*\xa9\x05\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x01\x12\x1a\n\x16\x45RROR_REASON_LOCK_HELD\x10\x02\x12\x1b\n\x17\x45RROR_REASON_LOCK_DELAY\x10\x03\x12\x1d\n\x19\x45RROR_REASON_WAIT_TIMEOUT\x10\x04\x12\x1e\n\x1a\x45RROR_REASON_FOREIGN_FLAGS\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_LIMIT_CONFLICT\x10\x06\x12$\n ERROR_REASON_MALFORMED_SEMAPHORE\x10\x07\x12\"\n\x1e\x45RROR_REASON_SESSION_NOT_FOUND\x10\x08\x12\x1b\n\x17\x45RROR_REASON_NOT_HOLDER\x10\t\x12\x1f\n\x1b\x45RROR_REASON_RESUME_REFUSED\x10\n\x12\x1d\n\x19\x45RROR_REASON_SESSION_LOST\x10\x0b\x12#\n\x1f\x45RROR_REASON_CONSUL_UNAVAILABLE\x10\x0c\x12)\n%ERROR_REASON_CONSUL_PERMISSION_DENIED\x10\r\x12%\n!ERROR_REASON_BROKER_SHUTTING_DOWN\x10\x0e\x12\"\n\x1e\x45RROR_REASON_PERMISSION_DENIED\x10\x0f\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\x10\x12\x1f\n\x1b\x45RROR_REASON_QUOTA_EXCEEDED\x10\x11\x12\x19\n\x15\x45RROR_REASON_INTERNAL\x10\x12\x12 \n\x1c\x45RROR_REASON_CONSUL_REJECTED\x10\x13\x42\x41Z?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alockbroker/v1/errors.proto\x12\rlockbroker.v1*\xcb\x05\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x01\x12\x1a\n\x16\x45RROR_REASON_LOCK_HELD\x10\x02\x12\x1b\n\x17\x45RROR_REASON_LOCK_DELAY\x10\x03\x12\x1d\n\x19\x45RROR_REASON_WAIT_TIMEOUT\x10\x04\x12\x1e\n\x1a\x45RROR_REASON_FOREIGN_FLAGS\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_LIMIT_CONFLICT\x10\x06\x12$\n ERROR_REASON_MALFORMED_SEMAPHORE\x10\x07\x12\"\n\x1e\x45RROR_REASON_SESSION_NOT_FOUND\x10\x08\x12\x1b\n\x17\x45RROR_REASON_NOT_HOLDER\x10\t\x12\x1f\n\x1b\x45RROR_REASON_RESUME_REFUSED\x10\n\x12\x1d\n\x19\x45RROR_REASON_SESSION_LOST\x10\x0b\x12#\n\x1f\x45RROR_REASON_CONSUL_UNAVAILABLE\x10\x0c\x12)\n%ERROR_REASON_CONSUL_PERMISSION_DENIED\x10\r\x12%\n!ERROR_REASON_BROKER_SHUTTING_DOWN\x10\x0e\x12\"\n\x1e\x45RROR_REASON_PERMISSION_DENIED\x10\x0f\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\x10\x12\x1f\n\x1b\x45RROR_REASON_QUOTA_EXCEEDED\x10\x11\x12\x19\n\x15\x45RROR_REASON_INTERNAL\x10\x12\x12 \n\x1c\x45RROR_REASON_CONSUL_REJECTED\x10\x13\x12 \n\x1c\x45RROR_REASON_REPLICA_CUT_OFF\x10\x14\x42\x41Z?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lockbroker.v1.errors_pb2', globals())
@@ -22,5 +22,5 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1'
   _ERRORREASON._serialized_start=46
-  _ERRORREASON._serialized_end=727
+  _ERRORREASON._serialized_end=761
 # @@protoc_insertion_point(module_scope)

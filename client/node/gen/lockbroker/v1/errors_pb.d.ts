@@ -184,6 +184,16 @@ export enum ErrorReason {
    * @generated from enum value: ERROR_REASON_CONSUL_REJECTED = 19;
    */
   CONSUL_REJECTED = 19,
+
+  /**
+   * UNAVAILABLE: a waiting request's replica is cut off from its Consul
+   * agent (no answer for 3 s, see Acquire): another replica may grant the
+   * key. Unlike CONSUL_UNAVAILABLE, the client libraries take the request
+   * to another replica at once.
+   *
+   * @generated from enum value: ERROR_REASON_REPLICA_CUT_OFF = 20;
+   */
+  REPLICA_CUT_OFF = 20,
 }
 
 /**

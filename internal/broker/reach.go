@@ -1,0 +1,139 @@
+package broker
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Whether this replica reaches Consul, for its waiters.
+//
+// A waiting request can only be granted through its replica's Consul
+// agent. When the replica is cut off from it (a broken link, the agent
+// stopped or without servers) the key may well be free and other replicas
+// able to grant it, while the waiter keeps hearing `queued` heartbeats,
+// which say only that its replica runs. So while any request waits here,
+// the replica asks its agent for the cluster's leader every
+// reachProbeEvery; once no probe has been answered for reachGrace, every
+// waiter ends UNAVAILABLE (CONSUL_UNAVAILABLE) and the client libraries
+// take the request to another replica at once. A cluster without a leader
+// still answers the probe: during an election every replica is as stuck
+// as this one, and waiters stay where they are.
+const (
+	reachProbeEvery = time.Second
+	reachGrace      = 3 * time.Second
+	reachTick       = 250 * time.Millisecond
+)
+
+// reach tracks the probes. Its zero value is not usable: see newReach.
+type reach struct {
+	mu     sync.Mutex
+	lastOK time.Time     // start of the newest probe answered (or of an idle tick)
+	cutOff chan struct{} // closed while no probe has been answered for reachGrace
+}
+
+func newReach() *reach {
+	return &reach{lastOK: time.Now(), cutOff: make(chan struct{})}
+}
+
+// lost is closed once the replica counts as cut off from Consul; a
+// waiter selects on it.
+func (r *reach) lost() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cutOff
+}
+
+// answered records a probe started at start that Consul answered (or a
+// tick with nobody waiting: nothing to judge). It reports whether the
+// replica counted as cut off until now.
+func (r *reach) answered(start time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if start.After(r.lastOK) {
+		r.lastOK = start
+	}
+	if !isClosed(r.cutOff) {
+		return false
+	}
+	r.cutOff = make(chan struct{})
+	return true
+}
+
+// judge counts the replica cut off when no probe has been answered for
+// reachGrace at now. It reports whether that is new.
+func (r *reach) judge(now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now.Sub(r.lastOK) < reachGrace || isClosed(r.cutOff) {
+		return false
+	}
+	close(r.cutOff)
+	return true
+}
+
+// since is how long ago the newest answered probe started.
+func (r *reach) since() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return time.Since(r.lastOK)
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// watchReach probes Consul while a request waits here, one probe at a
+// time, started at most every reachProbeEvery and given reachGrace to be
+// answered, and judges every reachTick; until ctx ends.
+func (b *Broker) watchReach(ctx context.Context) {
+	var probes sync.WaitGroup
+	defer probes.Wait()
+	t := time.NewTicker(reachTick)
+	defer t.Stop()
+	inFlight := make(chan struct{}, 1)
+	var lastStart time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		b.mu.Lock()
+		idle := len(b.waiting) == 0
+		b.mu.Unlock()
+		if idle {
+			b.reach.answered(now) // nothing to judge
+			continue
+		}
+		if b.reach.judge(now) {
+			b.log.Warn("consul: this replica's agent has not answered for a while; its waiting requests end UNAVAILABLE so that clients wait on another replica",
+				zap.Duration("unanswered_for", b.reach.since()))
+		}
+		if now.Sub(lastStart) < reachProbeEvery {
+			continue
+		}
+		select {
+		case inFlight <- struct{}{}:
+		default:
+			continue // the last probe is still out
+		}
+		lastStart = now
+		probes.Go(func() {
+			defer func() { <-inFlight }()
+			pctx, cancel := context.WithTimeout(ctx, reachGrace)
+			defer cancel()
+			if b.store.Reachable(pctx) == nil && b.reach.answered(now) {
+				b.log.Info("consul: this replica's agent answers again")
+			}
+		})
+	}
+}

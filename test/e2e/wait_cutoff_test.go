@@ -1,0 +1,115 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/lockbroker/lockbroker/client"
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// consulLink is a proxy between a replica and its Consul agent.
+type consulLink struct{ p *toxiproxy.Proxy }
+
+func newConsulLink(t *testing.T, agent *consultest.Agent) *consulLink {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	p := toxiproxy.NewProxy(srv, t.Name(), "127.0.0.1:0", strings.TrimPrefix(agent.Config().Address, "http://"))
+	require.NoError(t, p.Start())
+	t.Cleanup(p.Stop)
+	return &consulLink{p: p}
+}
+
+// toxic adds a toxic of typ in both directions.
+func (l *consulLink) toxic(t *testing.T, typ, attrs string) {
+	t.Helper()
+	for _, dir := range []string{"upstream", "downstream"} {
+		_, err := l.p.Toxics.AddToxicJson(strings.NewReader(`{"name":"` + typ + `-` + dir + `","type":"` + typ + `","stream":"` + dir + `","attributes":` + attrs + `}`))
+		require.NoError(t, err)
+	}
+}
+
+func (l *consulLink) heal() { l.p.Toxics.ResetToxics(context.Background()) }
+
+// TestWaitLeavesReplicaCutFromConsul (chaos run at seed 659867481: a
+// waiter whose replica was cut off from Consul got a free key 11.6 s
+// late): a request waiting on a replica whose Consul agent stops answering
+// ends UNAVAILABLE within a few seconds, and the Go library takes it to
+// another replica, which grants the key as soon as it is free. Before, the
+// replica went on sending `queued` heartbeats (it runs), so the client
+// stayed until the waiter's session failed, 12.5 s after the key was freed
+// here. A slow link (0.5 s a round trip) is not a cut: waiters stay.
+func TestWaitLeavesReplicaCutFromConsul(t *testing.T) {
+	agent := consultest.Start(t)
+	link := newConsulLink(t, agent)
+	a := brokertest.Start(t, agent, brokertest.WithConsulAddress(link.p.Listen))
+	b := brokertest.Start(t, agent)
+	key := "cutoff/k"
+	holder := acquire(t, b.Locks(t), &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+	seq := holder.acquired(5 * time.Second).GetSequencer()
+
+	// Slow, not cut: a raw waiter on A keeps hearing its heartbeats.
+	slow := acquire(t, a.Locks(t), &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+	slow.next(5*time.Second, isQueued)
+	link.toxic(t, "latency", `{"latency":250}`)
+	until := time.Now().Add(5 * time.Second)
+	for time.Now().Before(until) {
+		slow.next(3*time.Second, isQueued) // the heartbeat, every 2 s
+	}
+	link.heal()
+
+	type res struct {
+		l   *client.Lease
+		err error
+		at  time.Time
+	}
+	got := make(chan res, 1)
+	lctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() {
+		l, err := client.New(a.Conn(t), client.WithReplicas(b.Conn(t))).Lock(lctx, key, client.WithTTL(10*time.Second), client.WithLockDelay(0))
+		got <- res{l, err, time.Now()}
+	}()
+	time.Sleep(time.Second) // queued at A
+
+	link.toxic(t, "timeout", `{"timeout":0}`) // a blackhole
+	cut := time.Now()
+	_, err := b.Locks(t).Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
+	require.NoError(t, err)
+
+	werr := slow.end(10 * time.Second)
+	t.Logf("the raw waiter on A ended %s after the cut: %v", time.Since(cut).Round(time.Millisecond), werr)
+	assert.Equal(t, codes.Unavailable, status.Code(werr))
+	assert.Contains(t, status.Convert(werr).Message(), "has not answered")
+	reason := ""
+	for _, d := range status.Convert(werr).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			reason = info.GetReason()
+		}
+	}
+	assert.Equal(t, "REPLICA_CUT_OFF", reason, "a reason every library moves on (not CONSUL_UNAVAILABLE)")
+	assert.Less(t, time.Since(cut), 6*time.Second)
+
+	select {
+	case r := <-got:
+		require.NoError(t, r.err)
+		t.Cleanup(func() { _ = r.l.Release(context.Background()) })
+		t.Logf("the library's waiter got the key on replica %d, %s after the cut", r.l.Replica(), r.at.Sub(cut).Round(time.Millisecond))
+		assert.Equal(t, 1, r.l.Replica(), "granted by B")
+		assert.Less(t, r.at.Sub(cut), 6*time.Second)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the library's waiter did not get the free key within 20 s of the cut")
+	}
+}
