@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -54,7 +55,8 @@ type Broker struct {
 	pools        *pools // nil unless WithSessionPool
 	promiseBound time.Duration
 	renewals     *renewalLog // the holds' renewals that failed and are retried
-	reach        *reach      // whether Consul answers, for waiters (reach.go)
+	reach        *reach      // whether Consul answers, for waiters and watches (reach.go)
+	watchers     atomic.Int64
 	janitorStop  context.CancelFunc
 	janitorDone  chan struct{} // the janitor and the pool stopped
 }

@@ -10,6 +10,8 @@ import "context"
 // reader missed because it read slowly; it always gets the newest state.
 // All watchers of one key on this replica share one watch.
 func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(st *State, skipped uint64) error) error {
+	b.watchers.Add(1)
+	defer b.watchers.Add(-1)
 	s := b.hub.subscribe(key)
 	defer s.close()
 	// The first state is a consistent read, so that it is never older than
@@ -108,13 +110,18 @@ func (b *Broker) sendChanges(ctx context.Context, key string, entries []*Entry, 
 	return nil
 }
 
-// await waits for the next wake-up of s.
+// await waits for the next wake-up of s. A replica cut off from Consul
+// (see reach.go) ends its watches, whose states would stay as they were
+// whatever happens to the keys: the client libraries watch on another
+// replica.
 func (b *Broker) await(ctx context.Context, s *sub) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-b.shutdown:
 		return newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; watch on another replica")
+	case <-b.reach.lost():
+		return newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent has not answered for %s; watch on another replica", reachGrace)
 	case <-s.wake:
 		return nil
 	}

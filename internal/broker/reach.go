@@ -14,11 +14,12 @@ import (
 // agent. When the replica is cut off from it (a broken link, the agent
 // stopped or without servers) the key may well be free and other replicas
 // able to grant it, while the waiter keeps hearing `queued` heartbeats,
-// which say only that its replica runs. So while any request waits here,
-// the replica asks its agent for the cluster's leader every
-// reachProbeEvery; once no probe has been answered for reachGrace, every
-// waiter ends UNAVAILABLE (CONSUL_UNAVAILABLE) and the client libraries
-// take the request to another replica at once. A cluster without a leader
+// which say only that its replica runs; a watch there shows the keys as
+// they were. So while any request waits or any watch runs here, the
+// replica asks its agent for the cluster's leader every reachProbeEvery;
+// once no probe has been answered for reachGrace, every waiter and watch
+// ends UNAVAILABLE (REPLICA_CUT_OFF) and the client libraries take them to
+// another replica at once. A cluster without a leader
 // still answers the probe: during an election every replica is as stuck
 // as this one, and waiters stay where they are.
 const (
@@ -108,7 +109,7 @@ func (b *Broker) watchReach(ctx context.Context) {
 		}
 		now := time.Now()
 		b.mu.Lock()
-		idle := len(b.waiting) == 0
+		idle := len(b.waiting) == 0 && b.watchers.Load() == 0
 		b.mu.Unlock()
 		if idle {
 			b.reach.answered(now) // nothing to judge

@@ -50,7 +50,9 @@ func (l *consulLink) heal() { l.p.Toxics.ResetToxics(context.Background()) }
 // another replica, which grants the key as soon as it is free. Before, the
 // replica went on sending `queued` heartbeats (it runs), so the client
 // stayed until the waiter's session failed, 12.5 s after the key was freed
-// here. A slow link (0.5 s a round trip) is not a cut: waiters stay.
+// here. Watches on the replica end alike (they showed the key held for as
+// long as the cut lasted). A slow link (0.5 s a round trip) is not a cut:
+// waiters stay.
 func TestWaitLeavesReplicaCutFromConsul(t *testing.T) {
 	agent := consultest.Start(t)
 	link := newConsulLink(t, agent)
@@ -84,23 +86,63 @@ func TestWaitLeavesReplicaCutFromConsul(t *testing.T) {
 	}()
 	time.Sleep(time.Second) // queued at A
 
+	// Watches on A: one raw, one through the library (A, then B).
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	rawWatch, err := a.Locks(t).Watch(wctx, &lockbrokerv1.WatchRequest{Key: key})
+	require.NoError(t, err)
+	_, err = rawWatch.Recv()
+	require.NoError(t, err)
+	rawEnd := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := rawWatch.Recv(); err != nil {
+				rawEnd <- err
+				return
+			}
+		}
+	}()
+	libWatch, err := client.New(a.Conn(t), client.WithReplicas(b.Conn(t))).Watch(wctx, key)
+	require.NoError(t, err)
+	require.NotEmpty(t, (<-libWatch.C).GetState().GetHolders(), "held by the holder on B")
+	seenGone := make(chan time.Time, 1) // the holder on B gone
+	go func() {
+		for r := range libWatch.C {
+			if hs := r.GetState().GetHolders(); len(hs) == 0 || hs[0].GetSessionId() != seq.GetSessionId() {
+				seenGone <- time.Now()
+				return
+			}
+		}
+	}()
+
 	link.toxic(t, "timeout", `{"timeout":0}`) // a blackhole
 	cut := time.Now()
-	_, err := b.Locks(t).Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
+	_, err = b.Locks(t).Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 	require.NoError(t, err)
 
 	werr := slow.end(10 * time.Second)
 	t.Logf("the raw waiter on A ended %s after the cut: %v", time.Since(cut).Round(time.Millisecond), werr)
-	assert.Equal(t, codes.Unavailable, status.Code(werr))
-	assert.Contains(t, status.Convert(werr).Message(), "has not answered")
-	reason := ""
-	for _, d := range status.Convert(werr).Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			reason = info.GetReason()
-		}
-	}
-	assert.Equal(t, "REPLICA_CUT_OFF", reason, "a reason every library moves on (not CONSUL_UNAVAILABLE)")
+	assertCutOff(t, werr)
 	assert.Less(t, time.Since(cut), 6*time.Second)
+
+	// The raw watch on A ends the same way (its state would stay "held");
+	// the library's watch moves to B and sees the key free, or already
+	// held by the waiter that moved there.
+	select {
+	case err := <-rawEnd:
+		t.Logf("the raw watch on A ended %s after the cut: %v", time.Since(cut).Round(time.Millisecond), err)
+		assertCutOff(t, err)
+		assert.Less(t, time.Since(cut), 6*time.Second)
+	case <-time.After(10 * time.Second):
+		t.Error("the raw watch on A did not end within 10 s of the cut")
+	}
+	select {
+	case at := <-seenGone:
+		t.Logf("the library's watch saw the release %s after the cut", at.Sub(cut).Round(time.Millisecond))
+		assert.Less(t, at.Sub(cut), 6*time.Second)
+	case <-time.After(15 * time.Second):
+		t.Error("the library's watch did not see the release within 15 s of the cut")
+	}
 
 	select {
 	case r := <-got:
@@ -112,4 +154,19 @@ func TestWaitLeavesReplicaCutFromConsul(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the library's waiter did not get the free key within 20 s of the cut")
 	}
+}
+
+// assertCutOff: err is the end of a stream on a replica cut off from
+// Consul.
+func assertCutOff(t *testing.T, err error) {
+	t.Helper()
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+	assert.Contains(t, status.Convert(err).Message(), "has not answered")
+	reason := ""
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			reason = info.GetReason()
+		}
+	}
+	assert.Equal(t, "REPLICA_CUT_OFF", reason, "a reason every library moves on (not CONSUL_UNAVAILABLE)")
 }

@@ -83,6 +83,9 @@ type LockServiceClient interface {
 	// Watch sends the state of a key (or of every key under a prefix) now and
 	// then after every change. "No holder" is a state of its own. A slow
 	// reader gets the newest state and a count of the states it skipped.
+	// A watch ends UNAVAILABLE (reason REPLICA_CUT_OFF) when this replica's
+	// Consul agent has not answered for 3 s, rather than show states that
+	// can no longer change: watch on another replica.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	// GetLock returns the state of a key once, read consistently (leader
 	// discovery: the holder's `value`).
@@ -256,6 +259,9 @@ type LockServiceServer interface {
 	// Watch sends the state of a key (or of every key under a prefix) now and
 	// then after every change. "No holder" is a state of its own. A slow
 	// reader gets the newest state and a count of the states it skipped.
+	// A watch ends UNAVAILABLE (reason REPLICA_CUT_OFF) when this replica's
+	// Consul agent has not answered for 3 s, rather than show states that
+	// can no longer change: watch on another replica.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	// GetLock returns the state of a key once, read consistently (leader
 	// discovery: the holder's `value`).

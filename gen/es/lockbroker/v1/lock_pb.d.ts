@@ -908,6 +908,9 @@ export declare const LockService: GenService<{
    * Watch sends the state of a key (or of every key under a prefix) now and
    * then after every change. "No holder" is a state of its own. A slow
    * reader gets the newest state and a count of the states it skipped.
+   * A watch ends UNAVAILABLE (reason REPLICA_CUT_OFF) when this replica's
+   * Consul agent has not answered for 3 s, rather than show states that
+   * can no longer change: watch on another replica.
    *
    * @generated from rpc lockbroker.v1.LockService.Watch
    */

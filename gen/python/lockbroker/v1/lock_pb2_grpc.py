@@ -127,6 +127,9 @@ class LockServiceServicer(object):
         """Watch sends the state of a key (or of every key under a prefix) now and
         then after every change. "No holder" is a state of its own. A slow
         reader gets the newest state and a count of the states it skipped.
+        A watch ends UNAVAILABLE (reason REPLICA_CUT_OFF) when this replica's
+        Consul agent has not answered for 3 s, rather than show states that
+        can no longer change: watch on another replica.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -186,10 +186,10 @@ export enum ErrorReason {
   CONSUL_REJECTED = 19,
 
   /**
-   * UNAVAILABLE: a waiting request's replica is cut off from its Consul
-   * agent (no answer for 3 s, see Acquire): another replica may grant the
-   * key. Unlike CONSUL_UNAVAILABLE, the client libraries take the request
-   * to another replica at once.
+   * UNAVAILABLE: the replica of a waiting request or a watch is cut off
+   * from its Consul agent (no answer for 3 s, see Acquire and Watch):
+   * another replica may grant the key, or see it change. Unlike
+   * CONSUL_UNAVAILABLE, the client libraries go to another replica at once.
    *
    * @generated from enum value: ERROR_REASON_REPLICA_CUT_OFF = 20;
    */
