@@ -44,7 +44,8 @@ guarantee ends first, see below), and lockctl exits 75.
 
 If the broker holding the lock goes away while CMD runs (it dies, drains
 for a restart, or, with several --addr, falls silent for 60% of the last
-guarantee), lockctl resumes the hold on the brokers of --addr in turn,
+guarantee, or less so that a resume fits before the command must be
+stopped, but never less than 45%), lockctl resumes the hold on the brokers of --addr in turn,
 starting with the next: same session, same token, CMD keeps running. A
 broker that refuses the resume (the session is gone) ends the hold. A wait
 whose broker goes away (it dies, drains, or, with several --addr, misses
@@ -408,7 +409,7 @@ func (s *supervisor) run() error {
 			}
 		case <-s.stall.C:
 			if s.resuming == nil && len(s.c.brokerAddrs()) > 1 {
-				s.resume(fmt.Sprintf("nothing heard from the broker at %s for %v", s.cur.addr, time.Duration(stallShare*float64(s.g.given)).Round(time.Millisecond)))
+				s.resume(fmt.Sprintf("nothing heard from the broker at %s for %v", s.cur.addr, stallAfter(s.g.given, s.f.grace).Round(time.Millisecond)))
 			}
 			continue
 		case res := <-s.resumed:
@@ -482,9 +483,9 @@ func (s *supervisor) run() error {
 }
 
 // heard notes word from the broker that guaranteed the hold for d: the
-// stream is stalled if nothing more comes within stallShare of d.
+// stream is stalled if nothing more comes within stallAfter(d).
 func (s *supervisor) heard(d time.Duration) {
-	s.stall.Reset(time.Duration(stallShare * float64(d)))
+	s.stall.Reset(stallAfter(d, s.f.grace))
 }
 
 // resume starts re-attaching the hold elsewhere (see resume.go); why is

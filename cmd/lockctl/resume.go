@@ -26,15 +26,32 @@ import (
 // loss. A broker that refuses the resume (the session or its grant is
 // gone) ends the hold at once.
 //
-// With several addresses a stream silent for stallShare of the time it
+// With several addresses a stream silent for stallAfter of the time it
 // was last guaranteed for is taken to be on a stalled broker, and the hold
-// resumes elsewhere while it is still guaranteed (the broker renews every
-// third of the TTL, so a healthy stream speaks more often). The silent
-// stream stays open until the resume succeeds: closing it would release
-// the hold if its broker woke before the resume moved it.
+// resumes elsewhere while it is still guaranteed. The silent stream stays
+// open until the resume succeeds: closing it would release the hold if its
+// broker woke before the resume moved it.
 
-// stallShare is the share of the client libraries.
-const stallShare = 0.6
+// stallShare is the share of the client libraries; minStallShare is the
+// least lockctl waits: the broker renews every third of the TTL, so a
+// healthy stream speaks about every 0.37 of the guarantee (0.9 of the TTL).
+const (
+	stallShare    = 0.6
+	minStallShare = 0.45
+)
+
+// stallAfter is how long a stream guaranteed for d may stay silent before
+// lockctl resumes the hold elsewhere: stallShare of d, as the libraries,
+// or less, so that one resume attempt (resumeAttempt) fits before the
+// command must be stopped (d less min(grace, d/3), see guarantee); never
+// less than minStallShare of d. With a 10 s TTL (9 s guaranteed) and the
+// default --grace, that is 4.05 s, and the resume has 1.95 s before
+// SIGTERM instead of 0.6 s at the libraries' share.
+func stallAfter(d, grace time.Duration) time.Duration {
+	stopAt := d - min(grace, d/3)
+	share := func(f float64) time.Duration { return time.Duration(f * float64(d)) }
+	return max(min(share(stallShare), stopAt-resumeAttempt), share(minStallShare))
+}
 
 // resumeAttempt bounds one resume attempt on one broker (a stopped broker
 // accepts the connection and never answers).

@@ -62,11 +62,11 @@ func TestLockResumes(t *testing.T) {
 			a, b := brokertest.StartProcess(t, agent), brokertest.StartProcess(t, agent)
 			key := "lockctl-test/resume/" + tt.name
 			file := filepath.Join(t.TempDir(), "child")
-			// --grace 1s: the command would get SIGTERM 8 s after the last
-			// word from A (the end of the 9 s guarantee less the grace),
-			// 2.6 s after a stopped A counts as stalled (5.4 s), not 0.6 s
-			// as with the default grace (a third of the guarantee).
-			p := h.start(t, nil, "--addr", a.Addr+","+b.Addr, "lock", "-v", "--ttl", "10s", "--grace", "1s", key, "--", "sh", "-c", resumeScript, file)
+			// The default --grace: the command would get SIGTERM 6 s after
+			// the last word from A (the end of the 9 s guarantee less a
+			// third of it), 1.95 s after a stopped A counts as stalled
+			// (4.05 s, see stallAfter).
+			p := h.start(t, nil, "--addr", a.Addr+","+b.Addr, "lock", "-v", "--ttl", "10s", key, "--", "sh", "-c", resumeScript, file)
 			got := p.waitFile(t, file)
 			session, token := got[0], got[1]
 			require.Equal(t, session, holder(key))
