@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -20,20 +18,8 @@ import (
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
-// consulLink is a proxy between a replica and its Consul agent.
-type consulLink struct{ p *toxiproxy.Proxy }
-
-func newConsulLink(t *testing.T, agent *consultest.Agent) *consulLink {
-	t.Helper()
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	p := toxiproxy.NewProxy(srv, t.Name(), "127.0.0.1:0", strings.TrimPrefix(agent.Config().Address, "http://"))
-	require.NoError(t, p.Start())
-	t.Cleanup(p.Stop)
-	return &consulLink{p: p}
-}
-
 // toxic adds a toxic of typ in both directions.
-func (l *consulLink) toxic(t *testing.T, typ, attrs string) {
+func (l *cutLink) toxic(t *testing.T, typ, attrs string) {
 	t.Helper()
 	for _, dir := range []string{"upstream", "downstream"} {
 		_, err := l.p.Toxics.AddToxicJson(strings.NewReader(`{"name":"` + typ + `-` + dir + `","type":"` + typ + `","stream":"` + dir + `","attributes":` + attrs + `}`))
@@ -41,7 +27,7 @@ func (l *consulLink) toxic(t *testing.T, typ, attrs string) {
 	}
 }
 
-func (l *consulLink) heal() { l.p.Toxics.ResetToxics(context.Background()) }
+func (l *cutLink) heal() { l.p.Toxics.ResetToxics(context.Background()) }
 
 // TestWaitLeavesReplicaCutFromConsul (chaos run at seed 659867481: a
 // waiter whose replica was cut off from Consul got a free key 11.6 s
@@ -55,8 +41,8 @@ func (l *consulLink) heal() { l.p.Toxics.ResetToxics(context.Background()) }
 // waiters stay.
 func TestWaitLeavesReplicaCutFromConsul(t *testing.T) {
 	agent := consultest.Start(t)
-	link := newConsulLink(t, agent)
-	a := brokertest.Start(t, agent, brokertest.WithConsulAddress(link.p.Listen))
+	link := newCutLink(t, strings.TrimPrefix(agent.Config().Address, "http://")) // A's link to Consul
+	a := brokertest.Start(t, agent, brokertest.WithConsulAddress(link.addr()))
 	b := brokertest.Start(t, agent)
 	key := "cutoff/k"
 	holder := acquire(t, b.Locks(t), &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
