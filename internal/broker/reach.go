@@ -31,7 +31,7 @@ const (
 // reach tracks the probes. Its zero value is not usable: see newReach.
 type reach struct {
 	mu     sync.Mutex
-	lastOK time.Time     // start of the newest probe answered (or of an idle tick)
+	lastOK time.Time     // when a probe was last answered (or an idle tick)
 	cutOff chan struct{} // closed while no probe has been answered for reachGrace
 }
 
@@ -47,14 +47,14 @@ func (r *reach) lost() <-chan struct{} {
 	return r.cutOff
 }
 
-// answered records a probe started at start that Consul answered (or a
-// tick with nobody waiting: nothing to judge). It reports whether the
-// replica counted as cut off until now.
-func (r *reach) answered(start time.Time) bool {
+// answered records that Consul answered a probe at t (or a tick at t
+// with nobody waiting: nothing to judge). It reports whether the replica
+// counted as cut off until now.
+func (r *reach) answered(t time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if start.After(r.lastOK) {
-		r.lastOK = start
+	if t.After(r.lastOK) {
+		r.lastOK = t
 	}
 	if !isClosed(r.cutOff) {
 		return false
@@ -75,7 +75,7 @@ func (r *reach) judge(now time.Time) bool {
 	return true
 }
 
-// since is how long ago the newest answered probe started.
+// since is how long ago a probe was last answered.
 func (r *reach) since() time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -91,9 +91,11 @@ func isClosed(c <-chan struct{}) bool {
 	}
 }
 
-// watchReach probes Consul while a request waits here, one probe at a
-// time, started at most every reachProbeEvery and given reachGrace to be
-// answered, and judges every reachTick; until ctx ends.
+// watchReach probes Consul while a request waits or a watch runs here,
+// one probe at a time, started at most every reachProbeEvery and given
+// reachGrace to be answered, and judges every reachTick; until ctx ends.
+// A slow agent is not a cut-off one: answers that take up to about 2.5 s
+// still come at least every reachGrace.
 func (b *Broker) watchReach(ctx context.Context) {
 	var probes sync.WaitGroup
 	defer probes.Wait()
@@ -116,7 +118,7 @@ func (b *Broker) watchReach(ctx context.Context) {
 			continue
 		}
 		if b.reach.judge(now) {
-			b.log.Warn("consul: this replica's agent has not answered for a while; its waiting requests end UNAVAILABLE so that clients wait on another replica",
+			b.log.Warn("consul: this replica's agent has not answered for a while; its waiting requests and watches end UNAVAILABLE (REPLICA_CUT_OFF) so that clients go to another replica",
 				zap.Duration("unanswered_for", b.reach.since()))
 		}
 		if now.Sub(lastStart) < reachProbeEvery {
@@ -132,7 +134,7 @@ func (b *Broker) watchReach(ctx context.Context) {
 			defer func() { <-inFlight }()
 			pctx, cancel := context.WithTimeout(ctx, reachGrace)
 			defer cancel()
-			if b.store.Reachable(pctx) == nil && b.reach.answered(now) {
+			if b.store.Reachable(pctx) == nil && b.reach.answered(time.Now()) {
 				b.log.Info("consul: this replica's agent answers again")
 			}
 		})

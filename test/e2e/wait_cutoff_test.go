@@ -37,7 +37,7 @@ func (l *cutLink) heal() { l.p.Toxics.ResetToxics(context.Background()) }
 // replica went on sending `queued` heartbeats (it runs), so the client
 // stayed until the waiter's session failed, 12.5 s after the key was freed
 // here. Watches on the replica end alike (they showed the key held for as
-// long as the cut lasted). A slow link (0.5 s a round trip) is not a cut:
+// long as the cut lasted). A slow link (2 s a round trip) is not a cut:
 // waiters stay.
 func TestWaitLeavesReplicaCutFromConsul(t *testing.T) {
 	agent := consultest.Start(t)
@@ -48,11 +48,12 @@ func TestWaitLeavesReplicaCutFromConsul(t *testing.T) {
 	holder := acquire(t, b.Locks(t), &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
 	seq := holder.acquired(5 * time.Second).GetSequencer()
 
-	// Slow, not cut: a raw waiter on A keeps hearing its heartbeats.
+	// Slow, not cut: a raw waiter on A keeps hearing its heartbeats, and
+	// its stream does not end.
 	slow := acquire(t, a.Locks(t), &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
 	slow.next(5*time.Second, isQueued)
-	link.toxic(t, "latency", `{"latency":250}`)
-	until := time.Now().Add(5 * time.Second)
+	link.toxic(t, "latency", `{"latency":1000}`) // a 2 s round trip
+	until := time.Now().Add(7 * time.Second)
 	for time.Now().Before(until) {
 		slow.next(3*time.Second, isQueued) // the heartbeat, every 2 s
 	}
