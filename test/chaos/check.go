@@ -405,7 +405,7 @@ func CheckLiveness(s *Snapshot, recovery, vanish time.Duration, clients map[int]
 			}
 		}
 	}
-	r.Summary = fmt.Sprintf("%d quiet periods, %d checks; bound: recovery %s then the rest of the period; a vanished holder's lock moves within %s (%d holds), or by %s after the last fault on its replica or Consul (%d holds)",
+	r.Summary = fmt.Sprintf("%d quiet periods, %d checks; bound: recovery %s then the rest of the period; a vanished holder's lock is released (seen free, or granted anew) within %s (%d holds), or by %s after the last fault on its replica or Consul (%d holds)",
 		len(s.Quiets), checked, recovery, vanish, plain, recovery, pushed)
 	return r
 }
