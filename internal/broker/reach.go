@@ -26,6 +26,11 @@ const (
 	reachProbeEvery = time.Second
 	reachGrace      = 3 * time.Second
 	reachTick       = 250 * time.Millisecond
+	// reachGap: ticks this far apart mean the process was stopped
+	// (SIGSTOP) or starved, not that Consul was silent: the time between
+	// them is not held against Consul (without it, every wait and watch
+	// ended as a replica woke from a pause longer than reachGrace).
+	reachGap = time.Second
 )
 
 // reach tracks the probes. Its zero value is not usable: see newReach.
@@ -33,6 +38,7 @@ type reach struct {
 	mu     sync.Mutex
 	lastOK time.Time     // when a probe was last answered (or an idle tick)
 	cutOff chan struct{} // closed while no probe has been answered for reachGrace
+	ticked time.Time     // the last judge
 }
 
 func newReach() *reach {
@@ -64,10 +70,17 @@ func (r *reach) answered(t time.Time) bool {
 }
 
 // judge counts the replica cut off when no probe has been answered for
-// reachGrace at now. It reports whether that is new.
+// reachGrace at now. It reports whether that is new. A judge more than
+// reachGap after the last one starts the count again at now (see
+// reachGap).
 func (r *reach) judge(now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	gap := now.Sub(r.ticked)
+	r.ticked = now
+	if gap > reachGap && now.After(r.lastOK) {
+		r.lastOK = now
+	}
 	if now.Sub(r.lastOK) < reachGrace || isClosed(r.cutOff) {
 		return false
 	}
@@ -115,6 +128,7 @@ func (b *Broker) watchReach(ctx context.Context) {
 		b.mu.Unlock()
 		if idle {
 			b.reach.answered(now) // nothing to judge
+			b.reach.judge(now)    // (keeps the ticks' spacing)
 			continue
 		}
 		if b.reach.judge(now) {

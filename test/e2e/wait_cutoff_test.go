@@ -157,3 +157,28 @@ func assertCutOff(t *testing.T, err error) {
 	}
 	assert.Equal(t, "REPLICA_CUT_OFF", reason, "a reason every library moves on (not CONSUL_UNAVAILABLE)")
 }
+
+// TestWaitSurvivesBrokerPause: a replica stopped (SIGSTOP) for longer
+// than the 3 s it gives Consul to answer is not cut off from Consul when
+// it runs again: a raw waiter that stayed through the pause keeps waiting
+// (chaos run at seed 936109458: every wait and watch on a replica ended
+// REPLICA_CUT_OFF as it woke from a pause, Consul being fine).
+func TestWaitSurvivesBrokerPause(t *testing.T) {
+	agent := consultest.Start(t)
+	p := brokertest.StartProcess(t, agent)
+	locks := lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr))
+	key := "cutoff/pause"
+	holder := acquire(t, locks, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+	holder.acquired(5 * time.Second)
+	waiter := acquire(t, locks, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+	waiter.next(5*time.Second, isQueued)
+
+	p.Stop()
+	time.Sleep(5 * time.Second)
+	p.Cont()
+	woke := time.Now()
+	// Two heartbeats after the wake, the stream still open.
+	waiter.next(5*time.Second, isQueued)
+	waiter.next(5*time.Second, isQueued)
+	t.Logf("the waiter heard two heartbeats in the %s after the wake", time.Since(woke).Round(time.Millisecond))
+}
