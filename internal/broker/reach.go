@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// Whether this replica reaches Consul, for its waiters.
+// Whether this replica reaches Consul, for its waiters and watches.
 //
 // A waiting request can only be granted through its replica's Consul
 // agent. When the replica is cut off from it (a broken link, the agent
@@ -19,9 +19,9 @@ import (
 // replica asks its agent for the cluster's leader every reachProbeEvery;
 // once no probe has been answered for reachGrace, every waiter and watch
 // ends UNAVAILABLE (REPLICA_CUT_OFF) and the client libraries take them to
-// another replica at once. A cluster without a leader
-// still answers the probe: during an election every replica is as stuck
-// as this one, and waiters stay where they are.
+// another replica at once. A cluster without a leader still answers the
+// probe: during an election every replica is as stuck as this one, and
+// waiters stay where they are.
 const (
 	reachProbeEvery = time.Second
 	reachGrace      = 3 * time.Second
