@@ -420,6 +420,9 @@ func (l *Lease) resume() lockbrokerv1.LockService_AcquireClient {
 		if err == nil {
 			return stream
 		}
+		if errors.Is(err, errLeaseEnded) {
+			return nil
+		}
 		switch status.Code(err) {
 		case codes.FailedPrecondition, codes.NotFound, codes.InvalidArgument:
 			l.mu.Lock()
@@ -471,6 +474,15 @@ func (l *Lease) tryResume(i int, req *lockbrokerv1.AcquireRequest) (lockbrokerv1
 		return nil, status.Error(codes.FailedPrecondition, "resume did not return the same grant")
 	}
 	l.mu.Lock()
+	if l.err != nil {
+		// The lease ended while this attempt was out (a Release whose
+		// call failed, sent to the replica being tried): let the resumed
+		// hold go too (a cancelled stream is released), or it would live
+		// on, renewed, with its caller believing it released.
+		l.mu.Unlock()
+		cancel()
+		return nil, errLeaseEnded
+	}
 	old := l.cancel
 	l.cancel = cancel
 	l.deadline = time.Now().Add(a.GetGuaranteedFor().AsDuration())
@@ -478,3 +490,6 @@ func (l *Lease) tryResume(i int, req *lockbrokerv1.AcquireRequest) (lockbrokerv1
 	old()
 	return stream, nil
 }
+
+// errLeaseEnded: a resume answered after the lease had ended.
+var errLeaseEnded = errors.New("the lease ended while it was resuming")
