@@ -45,13 +45,13 @@ guarantee ends first, see below), and lockctl exits 75.
 If the broker holding the lock goes away while CMD runs (it dies, drains
 for a restart, or, with several --addr, falls silent for 60% of the last
 guarantee, or less so that a resume fits before the command must be
-stopped, but never less than 45%), lockctl resumes the hold on the brokers of --addr in turn,
-starting with the next: same session, same token, CMD keeps running. A
-broker that refuses the resume (the session is gone) ends the hold. A wait
-whose broker goes away (it dies, drains, or, with several --addr, misses
-three of its heartbeats) goes on at the next broker that takes it, as a
-new request: its place in the queue is lost, --timeout counts from the
-start.
+stopped, but never less than 45%), lockctl resumes the hold on the
+brokers of --addr in turn, starting with the next: same session, same
+token, CMD keeps running. A broker that refuses the resume (the session
+is gone) ends the hold. A wait whose broker goes away (it dies, drains,
+or, with several --addr, misses three of its heartbeats) goes on at the
+next broker that takes it, as a new request: its place in the queue is
+lost, --timeout counts from the start.
 
 The broker says how long the hold is guaranteed after every renewal
 (guaranteed_for). If no renewal arrives in time and no broker has resumed
@@ -541,8 +541,12 @@ func newGuarantee(d, grace time.Duration) *guarantee {
 // renew starts a new guarantee of d from now.
 func (g *guarantee) renew(d time.Duration) {
 	g.until, g.given = time.Now().Add(d), d
-	g.timer.Reset(max(d-min(g.grace, d/3), 0))
+	g.timer.Reset(max(stopAfter(d, g.grace), 0))
 }
+
+// stopAfter is when, in a guarantee of d, the command must start stopping:
+// at its end less min(grace, a third of it).
+func stopAfter(d, grace time.Duration) time.Duration { return d - min(grace, d/3) }
 
 // shorten makes the guarantee end within d from now, if it ended later.
 func (g *guarantee) shorten(d time.Duration) {

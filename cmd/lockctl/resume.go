@@ -43,14 +43,13 @@ const (
 // stallAfter is how long a stream guaranteed for d may stay silent before
 // lockctl resumes the hold elsewhere: stallShare of d, as the libraries,
 // or less, so that one resume attempt (resumeAttempt) fits before the
-// command must be stopped (d less min(grace, d/3), see guarantee); never
+// command must be stopped (stopAfter); never
 // less than minStallShare of d. With a 10 s TTL (9 s guaranteed) and the
 // default --grace, that is 4.05 s, and the resume has 1.95 s before
 // SIGTERM instead of 0.6 s at the libraries' share.
 func stallAfter(d, grace time.Duration) time.Duration {
-	stopAt := d - min(grace, d/3)
 	share := func(f float64) time.Duration { return time.Duration(f * float64(d)) }
-	return max(min(share(stallShare), stopAt-resumeAttempt), share(minStallShare))
+	return max(min(share(stallShare), stopAfter(d, grace)-resumeAttempt), share(minStallShare))
 }
 
 // resumeAttempt bounds one resume attempt on one broker (a stopped broker

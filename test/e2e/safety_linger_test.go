@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +38,17 @@ func (l *cutLink) cut(t *testing.T) {
 	l.p.Stop()
 	require.NoError(t, l.p.Start())
 }
+
+// toxic adds a toxic of typ in both directions.
+func (l *cutLink) toxic(t *testing.T, typ, attrs string) {
+	t.Helper()
+	for _, dir := range []string{"upstream", "downstream"} {
+		_, err := l.p.Toxics.AddToxicJson(strings.NewReader(`{"name":"` + typ + `-` + dir + `","type":"` + typ + `","stream":"` + dir + `","attributes":` + attrs + `}`))
+		require.NoError(t, err)
+	}
+}
+
+func (l *cutLink) heal() { l.p.Toxics.ResetToxics(context.Background()) }
 
 // lingerSetup holds key through a cuttable link and queues a waiter on a
 // direct connection. It returns the holder's stream, its sequencer, the
