@@ -22,6 +22,7 @@ import (
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
+	"github.com/lockbroker/lockbroker/internal/pause"
 )
 
 // vanishedClientBound is the promise: a client that stops answering (its
@@ -81,7 +82,7 @@ func TestStoppedClientReleased(t *testing.T) {
 	}
 	require.Equal(t, session, holderOf())
 
-	require.NoError(t, holder.Process.Signal(syscall.SIGSTOP))
+	require.NoError(t, pause.Stop(holder.Process.Pid))
 	stopped := time.Now()
 	require.Eventually(t, func() bool { return holderOf() == "" }, vanishedClientBound, 100*time.Millisecond,
 		"the stopped client's hold must be released within %v", vanishedClientBound)

@@ -20,6 +20,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/lockbroker/lockbroker/internal/consultest"
+	"github.com/lockbroker/lockbroker/internal/pause"
 )
 
 const (
@@ -90,6 +91,7 @@ type Process struct {
 	// LogPath is the file holding the broker's stdout and stderr.
 	LogPath string
 
+	t         testing.TB
 	cmd       *exec.Cmd
 	done      chan struct{} // closed once the process has exited
 	transport *http.Transport
@@ -147,6 +149,7 @@ func launch(t testing.TB, bin, consulAddr string, cfg processConfig, logPath str
 		HTTPAddr:   fmt.Sprintf("127.0.0.1:%d", ports[1]),
 		ConsulAddr: consulAddr,
 		LogPath:    logPath,
+		t:          t,
 		done:       make(chan struct{}),
 		transport:  &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second},
 	}
@@ -225,8 +228,14 @@ func (p *Process) Signal(sig syscall.Signal) {
 }
 
 // Stop pauses the broker with SIGSTOP: it answers nothing, renews nothing
-// and sends nothing until Cont, as a stalled machine would.
-func (p *Process) Stop() { p.Signal(syscall.SIGSTOP) }
+// and sends nothing until Cont, as a stalled machine would. It returns once
+// every thread of the broker has stopped (kill(2) returns before that, and
+// a thread already running could still answer a request).
+func (p *Process) Stop() {
+	if err := pause.Stop(p.cmd.Process.Pid); err != nil {
+		p.t.Errorf("brokertest: %v", err)
+	}
+}
 
 // Cont resumes a broker paused by Stop (SIGCONT).
 func (p *Process) Cont() { p.Signal(syscall.SIGCONT) }

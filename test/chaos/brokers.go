@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/lockbroker/lockbroker/internal/pause"
 )
 
 // Mutants the suite knows, and the build tag of each that lives in the
@@ -211,9 +213,13 @@ func (b *Broker) signal(sig syscall.Signal) error {
 	if b.cmd == nil {
 		return fmt.Errorf("%s is not running", b.Name())
 	}
-	if sig == syscall.SIGSTOP {
+	switch sig {
+	case syscall.SIGSTOP:
 		b.paused = true
-	} else if sig == syscall.SIGCONT {
+		// Returns once every thread has stopped: the replica is silent
+		// for the whole of the fault's hold.
+		return pause.Stop(b.cmd.Process.Pid)
+	case syscall.SIGCONT:
 		b.paused = false
 	}
 	return b.cmd.Process.Signal(sig)

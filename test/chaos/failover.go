@@ -30,7 +30,9 @@ func (r *run) pauseFailover(ctx context.Context, p Planned) {
 		return
 	}
 	f := r.start(Fault{Kind: p.Kind, Target: b.Name(), Note: p.Dur.String()})
-	_ = b.Pause()
+	if err := b.Pause(); err != nil {
+		r.note(p.Kind + ": " + err.Error())
+	}
 	var txs []*Toxics
 	for _, c := range r.clients {
 		tx, err := c.Links[i].Reset()

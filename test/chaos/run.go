@@ -580,7 +580,9 @@ func (r *run) inject(ctx context.Context, p Planned) {
 			}
 			hold()
 		default:
-			_ = b.Pause()
+			if err := b.Pause(); err != nil {
+				r.note(p.Kind + ": " + err.Error())
+			}
 			hold()
 			_ = b.Continue()
 		}

@@ -5,7 +5,7 @@
 // a process group of its own and every wait has a bound.
 
 import { execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, openSync, closeSync, readFileSync, accessSync, constants, rmSync } from "node:fs";
+import { mkdtempSync, openSync, closeSync, readFileSync, readdirSync, accessSync, constants, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { createSocket } from "node:dgram";
 import { tmpdir } from "node:os";
@@ -91,8 +91,9 @@ class Proc {
     try {
       process.kill(-this.proc.pid, sig);
     } catch {
-      // gone
+      return; // gone
     }
+    if (sig === "SIGSTOP") waitStopped(this.proc.pid);
   }
 
   logTail(n = 40) {
@@ -118,6 +119,33 @@ class Proc {
     }
     await Promise.race([this.exited, sleep(STOP_TIMEOUT_MS)]);
     process.removeListener("exit", this.onExit);
+  }
+}
+
+// waitStopped blocks until every thread of pid is stopped: kill(2) returns
+// once SIGSTOP is queued, and a thread already running can still answer a
+// request for a few milliseconds on a loaded machine. It blocks the event
+// loop, for about a millisecond.
+function waitStopped(pid, timeoutMs = 5_000) {
+  const deadline = Date.now() + timeoutMs;
+  const nap = new Int32Array(new SharedArrayBuffer(4));
+  for (;;) {
+    let states;
+    try {
+      states = readdirSync(`/proc/${pid}/task`).flatMap((tid) => {
+        try {
+          const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, "latin1");
+          return [stat[stat.lastIndexOf(") ") + 2]];
+        } catch {
+          return []; // the thread exited
+        }
+      });
+    } catch {
+      return; // the process is gone
+    }
+    if (states.length > 0 && states.every((st) => st === "T" || st === "t")) return;
+    if (Date.now() > deadline) throw new Error(`process ${pid} not stopped ${timeoutMs} ms after SIGSTOP`);
+    Atomics.wait(nap, 0, 0, 1);
   }
 }
 

@@ -29,6 +29,30 @@ START_ATTEMPTS = 3
 _built = None
 
 
+
+def wait_stopped(pid, timeout=5.0):
+    """Waits until every thread of pid is stopped: kill(2) returns once
+    SIGSTOP is queued, and a thread already running can still answer a
+    request for a few milliseconds on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                        stat = f.read()
+                except OSError:
+                    continue  # the thread exited
+                states.append(stat[stat.rindex(b") ") + 2 : stat.rindex(b") ") + 3])
+        except OSError:
+            return  # the process is gone
+        if states and all(st in (b"T", b"t") for st in states):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process {pid} not stopped {timeout}s after SIGSTOP")
+        time.sleep(0.001)
+
 class SetupError(Exception):
     pass
 
@@ -101,6 +125,8 @@ class _Process:
     def signal(self, sig):
         if self.alive():
             os.killpg(self.proc.pid, sig)
+            if sig == signal.SIGSTOP:
+                wait_stopped(self.proc.pid)
 
     def stop(self):
         if self.proc is None:
