@@ -31,6 +31,9 @@ const (
 	// them is not held against Consul (without it, every wait and watch
 	// ended as a replica woke from a pause longer than reachGrace).
 	reachGap = time.Second
+	// reachCheck bounds the probe that places a failed request (Placed):
+	// shorter than reachGrace, as the request's own call already failed.
+	reachCheck = time.Second
 )
 
 // reach tracks the probes. Its zero value is not usable: see newReach.
@@ -39,6 +42,14 @@ type reach struct {
 	lastOK time.Time     // when a probe was last answered (or an idle tick)
 	cutOff chan struct{} // closed while no probe has been answered for reachGrace
 	ticked time.Time     // the last judge
+	check  *reachCall    // Placed's probe, while one is out
+}
+
+// reachCall is one probe of Placed, shared by the requests that fail
+// while it is out.
+type reachCall struct {
+	done chan struct{} // closed once err is set
+	err  error
 }
 
 func newReach() *reach {
@@ -153,4 +164,50 @@ func (b *Broker) watchReach(ctx context.Context) {
 			}
 		})
 	}
+}
+
+// Placed returns err as this replica's client should see it. A request
+// that failed because Consul did not answer (CONSUL_UNAVAILABLE) fails
+// UNAVAILABLE with REPLICA_CUT_OFF instead when the fault is this
+// replica's: it counts as cut off (see watchReach), or its agent does not
+// answer a probe within reachCheck either. The client libraries then go
+// to another replica at once. When the agent answers (a cluster without a
+// leader, Consul overloaded) the error stays CONSUL_UNAVAILABLE: another
+// replica would fail the same way.
+func (b *Broker) Placed(err error) error {
+	if r, ok := ReasonOf(err); !ok || r != ReasonConsulUnavailable {
+		return err
+	}
+	if !isClosed(b.reach.lost()) && b.checkReach() == nil {
+		return err
+	}
+	return newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent does not answer (%v); try another replica", err)
+}
+
+// checkReach asks the agent whether it answers at all, bounded by
+// reachCheck. Requests that fail while a check is out share its answer.
+func (b *Broker) checkReach() error {
+	b.reach.mu.Lock()
+	c := b.reach.check
+	first := c == nil
+	if first {
+		c = &reachCall{done: make(chan struct{})}
+		b.reach.check = c
+	}
+	b.reach.mu.Unlock()
+	if !first {
+		<-c.done
+		return c.err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reachCheck)
+	c.err = b.store.Reachable(ctx)
+	cancel()
+	if c.err == nil {
+		b.reach.answered(time.Now())
+	}
+	b.reach.mu.Lock()
+	b.reach.check = nil
+	b.reach.mu.Unlock()
+	close(c.done)
+	return c.err
 }

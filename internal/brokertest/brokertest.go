@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
@@ -61,7 +62,8 @@ func WithServerOptions(opts ...server.Option) Option {
 	return func(o *options) { o.server = append(o.server, opts...) }
 }
 
-// Start runs a broker replica against agent until the test ends.
+// Start runs a broker replica against agent until the test ends. agent
+// may be nil with WithConsulAddress (an agent of a consultest.Cluster).
 func Start(t testing.TB, agent *consultest.Agent, opts ...Option) *Replica {
 	t.Helper()
 	var o options
@@ -69,7 +71,12 @@ func Start(t testing.TB, agent *consultest.Agent, opts ...Option) *Replica {
 		opt(&o)
 	}
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	cfg := agent.Config()
+	var cfg *api.Config
+	if agent != nil {
+		cfg = agent.Config()
+	} else {
+		cfg = &api.Config{Scheme: "http"}
+	}
 	if o.consulAddr != "" {
 		cfg.Address = o.consulAddr
 	}

@@ -28,7 +28,7 @@ func NewAdminService(b *broker.Broker, log *zap.Logger) *AdminService {
 func (s *AdminService) ListHolds(ctx context.Context, req *lockbrokerv1.ListHoldsRequest) (*lockbrokerv1.ListHoldsResponse, error) {
 	holds, err := s.broker.ListHolds(ctx, req.GetKeyPrefix())
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	out := &lockbrokerv1.ListHoldsResponse{}
 	if len(holds) == 0 {
@@ -36,7 +36,7 @@ func (s *AdminService) ListHolds(ctx context.Context, req *lockbrokerv1.ListHold
 	}
 	sessions, err := s.broker.ListSessions(ctx, "")
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	names := make(map[string]string, len(sessions))
 	for _, x := range sessions {
@@ -64,7 +64,7 @@ func (s *AdminService) ListHolds(ctx context.Context, req *lockbrokerv1.ListHold
 func (s *AdminService) ListSessions(ctx context.Context, req *lockbrokerv1.AdminServiceListSessionsRequest) (*lockbrokerv1.AdminServiceListSessionsResponse, error) {
 	list, err := s.broker.ListSessions(ctx, req.GetTenant())
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	out := &lockbrokerv1.AdminServiceListSessionsResponse{}
 	for _, x := range list {
@@ -77,7 +77,7 @@ func (s *AdminService) ListSessions(ctx context.Context, req *lockbrokerv1.Admin
 func (s *AdminService) ForceRelease(ctx context.Context, req *lockbrokerv1.ForceReleaseRequest) (*lockbrokerv1.ForceReleaseResponse, error) {
 	n, err := s.broker.ForceRelease(ctx, req.GetKey())
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	return &lockbrokerv1.ForceReleaseResponse{Released: uint32(n)}, nil
 }

@@ -176,13 +176,16 @@ func TestErrorDetails(t *testing.T) {
 	cancel()
 
 	t.Run("ConsulStopped", func(t *testing.T) {
+		// The replica's own agent is gone: another replica, with its own
+		// agent, may serve the request (test/e2e TestRequestOnCutOffReplica;
+		// TestRequestWithoutConsulLeader has CONSUL_UNAVAILABLE).
 		agent.Stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_, err := locks.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: key})
 		d := detailsOf(t, err)
 		assert.Equal(t, codes.Unavailable, d.code, d.msg)
-		assert.Equal(t, "CONSUL_UNAVAILABLE", d.info.GetReason())
+		assert.Equal(t, "REPLICA_CUT_OFF", d.info.GetReason())
 		require.NotNil(t, d.retry, "UNAVAILABLE carries a RetryInfo")
 		assert.Positive(t, d.retry.GetRetryDelay().AsDuration())
 	})

@@ -33,7 +33,7 @@ func (s *LockService) Acquire(req *lockbrokerv1.AcquireRequest, stream grpc.Serv
 			return stream.Send(eventToProto(e))
 		})
 	}
-	return toStatus(s.log, err)
+	return toStatus(s.log, s.broker.Placed(err))
 }
 
 // acquireRequestSpec is what req asks the broker for.
@@ -58,12 +58,12 @@ func acquireRequestSpec(req *lockbrokerv1.AcquireRequest) (*broker.AcquireSpec, 
 func (s *LockService) TryAcquire(ctx context.Context, req *lockbrokerv1.TryAcquireRequest) (*lockbrokerv1.TryAcquireResponse, error) {
 	spec, err := acquireSpec(req.GetKey(), req.GetValue(), req.GetLimit(), req.GetKind())
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	spec.SessionID = req.GetSessionId()
 	seq, err := s.broker.TryAcquire(ctx, spec)
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	return &lockbrokerv1.TryAcquireResponse{Sequencer: seqToProto(*seq)}, nil
 }
@@ -72,7 +72,7 @@ func (s *LockService) TryAcquire(ctx context.Context, req *lockbrokerv1.TryAcqui
 func (s *LockService) Release(ctx context.Context, req *lockbrokerv1.ReleaseRequest) (*lockbrokerv1.ReleaseResponse, error) {
 	released, err := s.broker.Release(ctx, req.GetKey(), req.GetSessionId(), req.GetToken())
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	return &lockbrokerv1.ReleaseResponse{Released: released}, nil
 }
@@ -85,14 +85,14 @@ func (s *LockService) Watch(req *lockbrokerv1.WatchRequest, stream grpc.ServerSt
 		}
 		return stream.Send(&lockbrokerv1.WatchResponse{State: stateToProto(st), Skipped: skipped})
 	})
-	return toStatus(s.log, err)
+	return toStatus(s.log, s.broker.Placed(err))
 }
 
 // GetLock implements LockService.GetLock.
 func (s *LockService) GetLock(ctx context.Context, req *lockbrokerv1.GetLockRequest) (*lockbrokerv1.GetLockResponse, error) {
 	st, err := s.broker.GetLock(ctx, req.GetKey())
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	return &lockbrokerv1.GetLockResponse{State: stateToProto(st)}, nil
 }
@@ -101,7 +101,7 @@ func (s *LockService) GetLock(ctx context.Context, req *lockbrokerv1.GetLockRequ
 func (s *LockService) SetValue(ctx context.Context, req *lockbrokerv1.SetValueRequest) (*lockbrokerv1.SetValueResponse, error) {
 	seq, err := s.broker.SetValue(ctx, req.GetKey(), req.GetSessionId(), req.GetValue(), req.GetToken())
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	return &lockbrokerv1.SetValueResponse{Sequencer: seqToProto(*seq)}, nil
 }
@@ -110,7 +110,7 @@ func (s *LockService) SetValue(ctx context.Context, req *lockbrokerv1.SetValueRe
 func (s *LockService) CheckSequencer(ctx context.Context, req *lockbrokerv1.CheckSequencerRequest) (*lockbrokerv1.CheckSequencerResponse, error) {
 	ok, st, err := s.broker.CheckSequencer(ctx, seqFromProto(req.GetSequencer()))
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	return &lockbrokerv1.CheckSequencerResponse{Current: ok, State: stateToProto(st)}, nil
 }

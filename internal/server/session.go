@@ -26,7 +26,7 @@ func NewSessionService(b *broker.Broker, log *zap.Logger) *SessionService {
 func (s *SessionService) CreateSession(ctx context.Context, req *lockbrokerv1.CreateSessionRequest) (*lockbrokerv1.CreateSessionResponse, error) {
 	info, err := s.broker.CreateSession(ctx, specFromProto(req.GetOptions()))
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	return &lockbrokerv1.CreateSessionResponse{Session: sessionToProto(info)}, nil
 }
@@ -35,7 +35,7 @@ func (s *SessionService) CreateSession(ctx context.Context, req *lockbrokerv1.Cr
 func (s *SessionService) RenewSession(ctx context.Context, req *lockbrokerv1.RenewSessionRequest) (*lockbrokerv1.RenewSessionResponse, error) {
 	info, err := s.broker.RenewSession(ctx, req.GetSessionId())
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	return &lockbrokerv1.RenewSessionResponse{Session: sessionToProto(info), GuaranteedFor: durationpb.New(info.TTL)}, nil
 }
@@ -43,7 +43,7 @@ func (s *SessionService) RenewSession(ctx context.Context, req *lockbrokerv1.Ren
 // DestroySession implements SessionService.DestroySession.
 func (s *SessionService) DestroySession(ctx context.Context, req *lockbrokerv1.DestroySessionRequest) (*lockbrokerv1.DestroySessionResponse, error) {
 	if err := s.broker.DestroySession(ctx, req.GetSessionId()); err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	return &lockbrokerv1.DestroySessionResponse{}, nil
 }
@@ -52,7 +52,7 @@ func (s *SessionService) DestroySession(ctx context.Context, req *lockbrokerv1.D
 func (s *SessionService) GetSession(ctx context.Context, req *lockbrokerv1.GetSessionRequest) (*lockbrokerv1.GetSessionResponse, error) {
 	info, err := s.broker.GetSession(ctx, req.GetSessionId())
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	return &lockbrokerv1.GetSessionResponse{Session: sessionToProto(info)}, nil
 }
@@ -61,7 +61,7 @@ func (s *SessionService) GetSession(ctx context.Context, req *lockbrokerv1.GetSe
 func (s *SessionService) ListSessions(ctx context.Context, _ *lockbrokerv1.ListSessionsRequest) (*lockbrokerv1.ListSessionsResponse, error) {
 	list, err := s.broker.ListSessions(ctx, broker.TenantFrom(ctx))
 	if err != nil {
-		return nil, toStatus(s.log, err)
+		return nil, toStatus(s.log, s.broker.Placed(err))
 	}
 	out := &lockbrokerv1.ListSessionsResponse{}
 	for _, x := range list {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -139,13 +138,7 @@ func assertCutOff(t *testing.T, err error) {
 	t.Helper()
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 	assert.Contains(t, status.Convert(err).Message(), "has not answered")
-	reason := ""
-	for _, d := range status.Convert(err).Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			reason = info.GetReason()
-		}
-	}
-	assert.Equal(t, "REPLICA_CUT_OFF", reason, "a reason every library moves on (not CONSUL_UNAVAILABLE)")
+	assert.Equal(t, "REPLICA_CUT_OFF", reasonOf(err), "a reason every library moves on (not CONSUL_UNAVAILABLE)")
 }
 
 // TestWaitSurvivesBrokerPause: a replica stopped (SIGSTOP) for longer

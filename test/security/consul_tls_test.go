@@ -52,14 +52,16 @@ func TestConsulOverHTTPSOnly(t *testing.T) {
 	assert.True(t, rel.GetReleased())
 
 	// The same without the client certificate: Consul refuses the
-	// handshake, the broker stays NOT_SERVING and says UNAVAILABLE.
+	// handshake, the broker stays NOT_SERVING and says UNAVAILABLE: its
+	// agent does not answer it at all (REPLICA_CUT_OFF; another replica,
+	// configured right, would).
 	noCert := startBroker(t, false, env[:3])
 	nc, err := grpc.NewClient(noCert.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = nc.Close() })
 	require.Eventually(t, noCert.answering, 30*time.Second, 50*time.Millisecond, "the broker listens")
 	_, err = lockbrokerv1.NewLockServiceClient(nc).GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "tls/lock"})
-	requireStatus(t, err, codes.Unavailable, "CONSUL_UNAVAILABLE")
+	requireStatus(t, err, codes.Unavailable, "REPLICA_CUT_OFF")
 	assert.False(t, noCert.serving())
 	t.Logf("without CONSUL_CLIENT_CERT: %v", err)
 }

@@ -14,9 +14,10 @@ import {
   ConflictError,
   LockLostError,
   SNAPSHOT_COMPLETE,
+  UnavailableError,
   UnimplementedError,
 } from "../src/index.js";
-import { Cluster, sleep } from "../../../test/conformance/node/cluster.mjs";
+import { Cluster, Link, sleep } from "../../../test/conformance/node/cluster.mjs";
 
 const cluster = new Cluster();
 let shared;
@@ -199,6 +200,40 @@ test("rolling restart: SIGTERM of the holding replica moves the hold (BROKER_SHU
       assert.deepEqual(st.holders.map((h) => [h.sessionId, h.token]), [[lease.sessionId, token]]);
       assert.equal(await lease.release(), true);
     } finally {
+      await a.stop();
+      await b.stop();
+    }
+  }));
+
+// A lock() whose first replica cannot reach its Consul agent (its link
+// refuses: the replica answers UNAVAILABLE, REPLICA_CUT_OFF) takes the lock
+// on the next replica at once; a getLock() moves too. With
+// CONSUL_UNAVAILABLE, which also means Consul itself is down, the library
+// would throw instead.
+test("a replica cut off from Consul: lock() takes the next replica", () =>
+  using(async (make) => {
+    const link = await Link.open(cluster.consul.addr);
+    const a = await cluster.broker("cut-a", [], link.addr);
+    const b = await cluster.broker("cut-b");
+    try {
+      link.cut();
+      await assert.rejects(make(a.addr).getLock(key("cut")), (err) => {
+        assert.ok(err instanceof UnavailableError, String(err));
+        assert.equal(err.reason, "REPLICA_CUT_OFF");
+        return true;
+      });
+      const c = make(a.addr, { targets: [b.addr] });
+      const t0 = Date.now();
+      const lease = await c.lock(key("cut"), { ttl: 10 });
+      const took = Date.now() - t0;
+      console.log(`the lock was taken on ${lease.target} ${took} ms after asking`);
+      assert.equal(lease.target, b.addr);
+      assert.ok(took < 5000, `took ${took} ms`);
+      const st = await c.getLock(lease.key);
+      assert.deepEqual(st.holders.map((h) => h.sessionId), [lease.sessionId]);
+      assert.equal(await lease.release(), true);
+    } finally {
+      link.cut();
       await a.stop();
       await b.stop();
     }

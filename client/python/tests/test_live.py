@@ -204,6 +204,37 @@ def assert_moved_in_time(lease, to, stopped, got_at):
     assert got_at - stopped < MOVED_WITHIN, f"moved only {got_at - stopped:.1f}s after A stopped"
 
 
+def test_lock_moves_off_a_replica_cut_from_consul(cluster, key):
+    """A lock() whose first replica cannot reach its Consul agent (its link
+    refuses: the replica answers UNAVAILABLE, REPLICA_CUT_OFF) takes the
+    lock on the next replica at once; a get_lock() moves too. With
+    CONSUL_UNAVAILABLE, which also means Consul itself is down, the library
+    would raise instead."""
+    import cluster as cluster_mod
+
+    link = cluster_mod.Link(cluster.consul.addr)
+    a = cluster.broker("cut-a", consul_addr=link.addr)
+    b = cluster.broker("cut-b")
+    try:
+        link.cut()
+        with lockbroker.Client(a.addr) as only_a:
+            with pytest.raises(lockbroker.Unavailable) as e:
+                only_a.get_lock(key)
+            assert e.value.reason == "REPLICA_CUT_OFF", e.value
+        with lockbroker.Client(a.addr, targets=[b.addr]) as c:
+            t0 = time.monotonic()
+            with c.lock(key, **LEASE) as lease:
+                took = time.monotonic() - t0
+                print(f"the lock was taken on {lease.target} {took:.2f}s after asking")
+                assert lease.target == b.addr
+                assert took < 5, took
+                assert c.get_lock(key).holders[0].session_id == lease.session_id
+    finally:
+        link.cut()
+        a.stop()
+        b.stop()
+
+
 def test_stalled_waiter_is_moved_to_another(cluster, key):
     """A lock() waiting on a replica that stops (SIGSTOP keeps its
     connection) moves to another after three of the broker's heartbeats of

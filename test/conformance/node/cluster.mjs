@@ -6,7 +6,7 @@
 
 import { execFileSync, spawn } from "node:child_process";
 import { mkdtempSync, openSync, closeSync, readFileSync, readdirSync, accessSync, constants, rmSync } from "node:fs";
-import { createServer } from "node:net";
+import { createServer, connect } from "node:net";
 import { createSocket } from "node:dgram";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -217,9 +217,10 @@ export class Consul extends Proc {
 export class Broker extends Proc {
   // args: more broker flags (TLS, tenants); then readiness is /healthz on
   // the HTTP port, not a plaintext gRPC call.
-  constructor(consul, logDir, name, args = []) {
+  constructor(consul, logDir, name, args = [], consulAddr = undefined) {
     super(name, logDir);
     this.consul = consul;
+    this.consulAddr = consulAddr ?? consul.addr;
     this.args = args;
   }
 
@@ -230,7 +231,7 @@ export class Broker extends Proc {
       const [grpcPort, httpPort] = await freePorts(2);
       this.addr = `127.0.0.1:${grpcPort}`;
       this.httpAddr = `127.0.0.1:${httpPort}`;
-      const env = { ...process.env, CONSUL_HTTP_ADDR: this.consul.addr };
+      const env = { ...process.env, CONSUL_HTTP_ADDR: this.consulAddr };
       delete env.CONSUL_HTTP_TOKEN;
       this.spawn(bin, ["--listen", this.addr, "--http-listen", this.httpAddr, "--drain-timeout", "3s", ...this.args], env);
       last = await (this.args.length ? this.waitHealthz() : this.waitReady());
@@ -284,6 +285,37 @@ export class Broker extends Proc {
   }
 }
 
+// Link is a TCP relay on a free loopback port to upstream (host:port): a
+// replica's link to its Consul agent. cut() closes the listener and every
+// relayed connection, so the replica's calls are refused from then on.
+export class Link {
+  static async open(upstream) {
+    const l = new Link();
+    const [host, port] = [upstream.slice(0, upstream.lastIndexOf(":")), Number(upstream.slice(upstream.lastIndexOf(":") + 1))];
+    l.sockets = new Set();
+    l.server = createServer((down) => {
+      const up = connect(port, host);
+      for (const s of [down, up]) {
+        l.sockets.add(s);
+        s.on("error", () => {});
+        s.on("close", () => l.sockets.delete(s));
+      }
+      down.pipe(up);
+      up.pipe(down);
+      down.on("close", () => up.destroy());
+      up.on("close", () => down.destroy());
+    });
+    await new Promise((resolve) => l.server.listen(0, "127.0.0.1", resolve));
+    l.addr = `127.0.0.1:${l.server.address().port}`;
+    return l;
+  }
+
+  cut() {
+    this.server.close();
+    for (const s of this.sockets) s.destroy();
+  }
+}
+
 export class Cluster {
   async start() {
     this.logDir = mkdtempSync(join(tmpdir(), "lockbroker-conformance-node-"));
@@ -292,8 +324,9 @@ export class Cluster {
     return this;
   }
 
-  async broker(name, args = []) {
-    const b = new Broker(this.consul, this.logDir, name ?? `broker-${this.brokers.length}`, args);
+  // consulAddr: where the replica reaches the agent (a Link to it, say).
+  async broker(name, args = [], consulAddr = undefined) {
+    const b = new Broker(this.consul, this.logDir, name ?? `broker-${this.brokers.length}`, args, consulAddr);
     this.brokers.push(b);
     return b.start();
   }

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -214,9 +215,10 @@ class Consul(_Process):
 class Broker(_Process):
     """One broker replica on free loopback ports, using `consul`."""
 
-    def __init__(self, consul, log_dir, name, args=()):
+    def __init__(self, consul, log_dir, name, args=(), consul_addr=None):
         super().__init__(name, log_dir)
         self.consul = consul
+        self.consul_addr = consul_addr or consul.addr
         self.args = list(args)
         self.addr = None
         self.http_addr = None
@@ -227,7 +229,7 @@ class Broker(_Process):
         for _ in range(START_ATTEMPTS):
             grpc_port, http_port = free_ports(2)
             self.addr, self.http_addr = f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}"
-            env = dict(os.environ, CONSUL_HTTP_ADDR=self.consul.addr)
+            env = dict(os.environ, CONSUL_HTTP_ADDR=self.consul_addr)
             env.pop("CONSUL_HTTP_TOKEN", None)
             self._spawn([binary, "--listen", self.addr, "--http-listen", self.http_addr,
                          "--drain-timeout", "3s", *self.args], env=env)
@@ -280,6 +282,68 @@ class Broker(_Process):
         return r.stdout + r.stderr
 
 
+
+class Link:
+    """A TCP relay on a free loopback port to `upstream` (host:port): a
+    replica's link to its Consul agent. cut() closes the listener and every
+    relayed connection, so the replica's calls are refused from then on."""
+
+    def __init__(self, upstream):
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.conns = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                up = socket.create_connection(self.upstream, timeout=5)
+                up.settimeout(None)
+            except OSError:
+                down.close()
+                continue
+            with self.lock:
+                self.conns += [down, up]
+            threading.Thread(target=self._pipe, args=(down, up), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(up, down), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        # shutdown wakes the accept() in progress; close alone would leave
+        # the socket listening until it returns.
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
+        with self.lock:
+            for c in self.conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                c.close()
+            self.conns = []
+
 class Cluster:
     """A Consul agent and the broker replicas started on it."""
 
@@ -288,10 +352,11 @@ class Cluster:
         self.consul = Consul(self.log_dir).start()
         self.brokers = []
 
-    def broker(self, name=None, args=()):
+    def broker(self, name=None, args=(), consul_addr=None):
         """Starts a replica; `args` are more broker flags (then readiness is
-        /healthz on the HTTP port, not a plaintext gRPC call)."""
-        b = Broker(self.consul, self.log_dir, name or f"broker-{len(self.brokers)}", args)
+        /healthz on the HTTP port, not a plaintext gRPC call); consul_addr
+        is where it reaches the agent (a Link to it, say)."""
+        b = Broker(self.consul, self.log_dir, name or f"broker-{len(self.brokers)}", args, consul_addr)
         self.brokers.append(b)
         return b.start()
 

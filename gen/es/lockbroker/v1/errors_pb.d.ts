@@ -121,8 +121,10 @@ export enum ErrorReason {
   SESSION_LOST = 11,
 
   /**
-   * UNAVAILABLE: Consul cannot be reached, has no leader, answered 429 or
-   * 5xx, or did not answer in time. Comes with RetryInfo.
+   * UNAVAILABLE: Consul has no leader, answered 429 or 5xx, or did not
+   * answer in time, while this replica's agent still answers (otherwise
+   * REPLICA_CUT_OFF). Another replica is likely to fail alike. Comes with
+   * RetryInfo.
    *
    * @generated from enum value: ERROR_REASON_CONSUL_UNAVAILABLE = 12;
    */
@@ -186,10 +188,14 @@ export enum ErrorReason {
   CONSUL_REJECTED = 19,
 
   /**
-   * UNAVAILABLE: the replica of a waiting request or a watch is cut off
-   * from its Consul agent (no answer for 3 s, see Acquire and Watch):
-   * another replica may grant the key, or see it change. Unlike
-   * CONSUL_UNAVAILABLE, the client libraries go to another replica at once.
+   * UNAVAILABLE: this replica is cut off from its Consul agent, and
+   * another replica may well serve the request. A waiting request or a
+   * watch ends with it once the agent has not answered for 3 s (see
+   * Acquire and Watch); any request whose Consul call failed gets it
+   * instead of CONSUL_UNAVAILABLE when the agent does not answer a probe
+   * within 1 s either (its link broken, the agent stopped or without
+   * servers). Unlike CONSUL_UNAVAILABLE, the client libraries go to
+   * another replica at once.
    *
    * @generated from enum value: ERROR_REASON_REPLICA_CUT_OFF = 20;
    */
