@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -43,6 +44,11 @@ type reach struct {
 	cutOff chan struct{} // closed while no probe has been answered for reachGrace
 	ticked time.Time     // the last judge
 	check  *reachCall    // Placed's probe, while one is out
+	// checkFailed: Placed's last probe went unanswered (for logging the
+	// changes only).
+	checkFailed bool
+	// told counts the requests and streams that ended REPLICA_CUT_OFF.
+	told atomic.Uint64
 }
 
 // reachCall is one probe of Placed, shared by the requests that fail
@@ -174,15 +180,27 @@ func (b *Broker) watchReach(ctx context.Context) {
 // to another replica at once. When the agent answers (a cluster without a
 // leader, Consul overloaded) the error stays CONSUL_UNAVAILABLE: another
 // replica would fail the same way.
+//
+// Every error a client gets passes here, so this is also where the
+// REPLICA_CUT_OFF answers are counted (CutOffAnswers).
 func (b *Broker) Placed(err error) error {
-	if r, ok := ReasonOf(err); !ok || r != ReasonConsulUnavailable {
+	r, ok := ReasonOf(err)
+	if ok && r == ReasonReplicaCutOff {
+		b.reach.told.Add(1) // a wait or a watch that ended so
+	}
+	if !ok || r != ReasonConsulUnavailable {
 		return err
 	}
 	if !isClosed(b.reach.lost()) && b.checkReach() == nil {
 		return err
 	}
+	b.reach.told.Add(1)
 	return newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent does not answer (%v); try another replica", err)
 }
+
+// CutOffAnswers is how many requests and streams this replica has ended
+// UNAVAILABLE with REPLICA_CUT_OFF (lockbroker_replica_cut_off_total).
+func (b *Broker) CutOffAnswers() uint64 { return b.reach.told.Load() }
 
 // checkReach asks the agent whether it answers at all, bounded by
 // reachCheck. Requests that fail while a check is out share its answer.
@@ -207,7 +225,15 @@ func (b *Broker) checkReach() error {
 	}
 	b.reach.mu.Lock()
 	b.reach.check = nil
+	changed := b.reach.checkFailed != (c.err != nil)
+	b.reach.checkFailed = c.err != nil
 	b.reach.mu.Unlock()
 	close(c.done)
+	switch {
+	case changed && c.err != nil:
+		b.log.Warn("consul: a request failed and this replica's agent does not answer; such requests fail UNAVAILABLE (REPLICA_CUT_OFF) so that clients go to another replica", zap.Error(c.err))
+	case changed:
+		b.log.Info("consul: this replica's agent answers again after a failed request")
+	}
 	return c.err
 }

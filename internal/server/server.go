@@ -141,6 +141,10 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	}
 	srvMetrics := newGRPCMetrics()
 	reg := newRegistry(consul, srvMetrics)
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "lockbroker_replica_cut_off_total",
+		Help: "Requests and streams this replica ended UNAVAILABLE with REPLICA_CUT_OFF: cut off from its Consul agent, it sent them to another replica.",
+	}, func() float64 { return float64(b.CutOffAnswers()) }))
 	recovered := func(p any) error {
 		log.Error("panic in handler", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
 		return status.Error(codes.Internal, "internal error")

@@ -59,6 +59,7 @@ func TestRequestOnCutOffReplica(t *testing.T) {
 	requireReason(t, err, codes.Unavailable, "REPLICA_CUT_OFF")
 	raw := acquire(t, locks, &lockbrokerv1.AcquireRequest{Key: "cutoff-req/raw", Session: fast()})
 	requireReason(t, raw.end(10*time.Second), codes.Unavailable, "REPLICA_CUT_OFF")
+	assert.Equal(t, uint64(4), a.Broker.CutOffAnswers(), "lockbroker_replica_cut_off_total")
 
 	lease, err := client.New(a.Conn(t), client.WithReplicas(b.Conn(t))).Lock(lkCtx(t), "cutoff-req/lib", client.WithTTL(10*time.Second))
 	require.NoError(t, err)
@@ -73,6 +74,7 @@ func TestRequestOnCutOffReplica(t *testing.T) {
 	_, err = locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: "cutoff-req/blackhole", SessionId: sid})
 	t.Logf("TryAcquire on A, link a blackhole: %v after %s", err, time.Since(start).Round(time.Millisecond))
 	requireReason(t, err, codes.Unavailable, "REPLICA_CUT_OFF")
+	assert.Equal(t, uint64(6), a.Broker.CutOffAnswers(), "and the library's Lock, and this one")
 	link.heal()
 
 	for _, key := range []string{"cutoff-req/try", "cutoff-req/raw", "cutoff-req/blackhole"} {
@@ -122,6 +124,7 @@ func TestRequestWithoutConsulLeader(t *testing.T) {
 	_, err = locks.TryAcquire(rctx, &lockbrokerv1.TryAcquireRequest{Key: "leaderless/try", SessionId: sid})
 	t.Logf("TryAcquire without a leader: %v after %s", err, time.Since(start).Round(time.Millisecond))
 	requireReason(t, err, codes.Unavailable, "CONSUL_UNAVAILABLE")
+	assert.Zero(t, a.Broker.CutOffAnswers())
 }
 
 // requireReason: err is a status of code with an ErrorInfo of reason.

@@ -112,6 +112,7 @@ func TestWaitLeavesReplicaCutFromConsul(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("the raw watch on A did not end within 10 s of the cut")
 	}
+	assert.GreaterOrEqual(t, a.Broker.CutOffAnswers(), uint64(2), "lockbroker_replica_cut_off_total counts the raw waiter and watch")
 	select {
 	case at := <-seenGone:
 		t.Logf("the library's watch saw the release %s after the cut", at.Sub(cut).Round(time.Millisecond))
