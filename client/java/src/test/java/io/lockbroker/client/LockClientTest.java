@@ -14,6 +14,7 @@ import io.grpc.ServerBuilder;
 import io.grpc.stub.StreamObserver;
 import io.lockbroker.testing.Broker;
 import io.lockbroker.testing.Cluster;
+import io.lockbroker.testing.Link;
 import io.lockbroker.v1.AcquireLost;
 import io.lockbroker.v1.AcquireQueued;
 import io.lockbroker.v1.AcquireRequest;
@@ -416,6 +417,32 @@ class LockClientTest {
     try (LockClient c = LockClient.builder().targets(dead, Cluster.get().broker().addr()).build();
         Lease l = c.lock(Cluster.key("failover"))) {
       assertEquals(Cluster.get().broker().addr(), l.target());
+    }
+  }
+
+  /**
+   * A replica cut off from its Consul agent (its link refuses) answers
+   * UNAVAILABLE with REPLICA_CUT_OFF, and a lock through it is taken on the
+   * next target.
+   */
+  @Test
+  void cutOffFirstTargetLocksThroughTheNext() throws Exception {
+    String key = Cluster.key("cut-off");
+    String next = Cluster.get().broker().addr();
+    try (Link link = Link.open(Cluster.get().consul().httpAddr());
+        Broker a = Cluster.get().newBrokerVia("cut-off", link.addr())) {
+      link.cut();
+      try (LockClient only = LockClient.builder().target(a.addr()).build()) {
+        UnavailableException e = assertThrows(UnavailableException.class, () -> only.getLock(key));
+        assertEquals("REPLICA_CUT_OFF", e.reason());
+      }
+      try (LockClient c = LockClient.builder().targets(a.addr(), next).build()) {
+        long t0 = System.nanoTime();
+        try (Lease l = c.lock(key)) {
+          Cluster.figure("lock moved off a replica cut from Consul", (System.nanoTime() - t0) / 1e9);
+          assertEquals(next, l.target());
+        }
+      }
     }
   }
 

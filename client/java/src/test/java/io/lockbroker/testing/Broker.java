@@ -31,6 +31,12 @@ public final class Broker implements AutoCloseable {
   /** Starts the broker and waits until /healthz says SERVING. */
   public static Broker start(String name, String binary, ConsulAgent consul, String... flags)
       throws IOException, InterruptedException {
+    return start(name, binary, consul.httpAddr(), flags);
+  }
+
+  /** As above, reaching the agent at consulAddr (a {@link Link} to it, say). */
+  public static Broker start(String name, String binary, String consulAddr, String... flags)
+      throws IOException, InterruptedException {
     String addr = Ports.freeAddr();
     String httpAddr = Ports.freeAddr();
     List<String> argv = new ArrayList<>(List.of(binary, "--listen", addr, "--http-listen", httpAddr,
@@ -38,7 +44,7 @@ public final class Broker implements AutoCloseable {
     argv.addAll(List.of(flags));
     Path log = Files.createTempFile("lockbroker-java-broker-" + name + "-", ".log");
     Proc p = Proc.start("broker " + name, argv,
-        Map.of("CONSUL_HTTP_ADDR", consul.httpAddr(), "CONSUL_HTTP_TOKEN", ""), log);
+        Map.of("CONSUL_HTTP_ADDR", consulAddr, "CONSUL_HTTP_TOKEN", ""), log);
     Broker b = new Broker(name, p, addr, httpAddr);
     try {
       b.waitServing();

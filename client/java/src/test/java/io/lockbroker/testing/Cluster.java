@@ -75,6 +75,12 @@ public final class Cluster {
     return Broker.start(name, brokerBinary, consul, flags);
   }
 
+  /** As newBroker, reaching the shared agent at consulAddr (a {@link Link} to it). */
+  public Broker newBrokerVia(String name, String consulAddr, String... flags)
+      throws IOException, InterruptedException {
+    return Broker.start(name, brokerBinary, consulAddr, flags);
+  }
+
   /** A key no other test uses. */
   public static String key(String test) {
     return "java-test/" + test + "/" + UUID.randomUUID().toString().substring(0, 8);
