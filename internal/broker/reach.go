@@ -181,8 +181,9 @@ func (b *Broker) watchReach(ctx context.Context) {
 // leader, Consul overloaded) the error stays CONSUL_UNAVAILABLE: another
 // replica would fail the same way.
 //
-// Every error a client gets passes here, so this is also where the
-// REPLICA_CUT_OFF answers are counted (CutOffAnswers).
+// The services pass every error of the broker here (and the quota check
+// its count of sessions), so this is also where the REPLICA_CUT_OFF
+// answers are counted (CutOffAnswers).
 func (b *Broker) Placed(err error) error {
 	r, ok := ReasonOf(err)
 	if ok && r == ReasonReplicaCutOff {

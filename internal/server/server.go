@@ -157,7 +157,7 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	}
 	acc.quotas = newQuotas(func(ctx context.Context, t string) (int, error) {
 		return clientOwnedSessions(ctx, b, t)
-	}, func(err error) error { return toStatus(log, err) })
+	}, func(err error) error { return toStatus(log, b.Placed(err)) })
 	acc.cfg.Store(o.tenants)
 	reg.MustRegister(newTenantCollector(acc))
 	serverOpts := []grpc.ServerOption{
