@@ -94,9 +94,9 @@ public final class Broker implements AutoCloseable {
     proc.kill();
   }
 
-  /** SIGSTOP: the process stays, silent. */
+  /** SIGSTOP: the process stays, silent (returns once it has stopped). */
   public void stop() {
-    proc.signal("STOP");
+    proc.stop();
   }
 
   /** SIGCONT. */

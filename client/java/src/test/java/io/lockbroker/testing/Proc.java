@@ -1,6 +1,7 @@
 package io.lockbroker.testing;
 
 import java.io.BufferedReader;
+import java.io.File;
 import java.io.IOException;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
@@ -81,6 +82,51 @@ public final class Proc implements AutoCloseable {
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
     }
+  }
+
+  /**
+   * SIGSTOPs the child and returns once every thread of it has stopped
+   * (/proc/PID/task/TID/stat in state T), within 5 s: kill(2) returns when
+   * the signal is queued, and a thread already running can still answer a
+   * request for a few milliseconds on a loaded machine.
+   */
+  public void stop() {
+    signal("STOP");
+    long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+    while (!stopped()) {
+      if (System.nanoTime() > end) {
+        throw new IllegalStateException(name + " (pid " + pid + ") not stopped 5 s after SIGSTOP");
+      }
+      try {
+        Thread.sleep(1);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        return;
+      }
+    }
+  }
+
+  private boolean stopped() {
+    File[] tasks = new File("/proc/" + pid + "/task").listFiles();
+    if (tasks == null) {
+      return true; // gone
+    }
+    int seen = 0;
+    for (File task : tasks) {
+      String stat;
+      try {
+        stat = Files.readString(task.toPath().resolve("stat"), StandardCharsets.ISO_8859_1);
+      } catch (IOException e) {
+        continue; // the thread exited
+      }
+      int i = stat.lastIndexOf(") ");
+      char state = i < 0 || i + 2 >= stat.length() ? '?' : stat.charAt(i + 2);
+      if (state != 'T' && state != 't') {
+        return false;
+      }
+      seen++;
+    }
+    return seen > 0;
   }
 
   /** SIGKILLs the child and waits until it is gone. */
