@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -27,10 +26,7 @@ import (
 // drops everything (a blackhole): after the Consul call's timeout. Nothing
 // is left held in Consul.
 func TestRequestOnCutOffReplica(t *testing.T) {
-	agent := consultest.Start(t)
-	link := newCutLink(t, strings.TrimPrefix(agent.Config().Address, "http://")) // A's link to Consul
-	a := brokertest.Start(t, agent, brokertest.WithConsulAddress(link.addr()))
-	b := brokertest.Start(t, agent)
+	agent, link, a, b := replicasOneBehindLink(t)
 	locks := a.Locks(t)
 	kv := agent.Client().KV()
 	free := func(key string) {

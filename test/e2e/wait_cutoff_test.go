@@ -24,14 +24,12 @@ import (
 // ends UNAVAILABLE within a few seconds, and the Go library takes it to
 // another replica, which grants the key as soon as it is free. Before, the
 // replica went on sending `queued` heartbeats (it runs), so the client
-// stayed, and got the key on B only 12.5 s after it was freed here. Watches on the replica end alike (they showed the key held for as
-// long as the cut lasted). A slow link (2 s a round trip) is not a cut:
-// waiters stay.
+// stayed, and got the key on B only 12.5 s after it was freed here.
+// Watches on the replica end alike (they showed the key held for as long
+// as the cut lasted). A slow link (2 s a round trip) is not a cut: waiters
+// stay.
 func TestWaitLeavesReplicaCutFromConsul(t *testing.T) {
-	agent := consultest.Start(t)
-	link := newCutLink(t, strings.TrimPrefix(agent.Config().Address, "http://")) // A's link to Consul
-	a := brokertest.Start(t, agent, brokertest.WithConsulAddress(link.addr()))
-	b := brokertest.Start(t, agent)
+	_, link, a, b := replicasOneBehindLink(t)
 	key := "cutoff/k"
 	holder := acquire(t, b.Locks(t), &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
 	seq := holder.acquired(5 * time.Second).GetSequencer()
@@ -131,6 +129,17 @@ func TestWaitLeavesReplicaCutFromConsul(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the library's waiter did not get the free key within 20 s of the cut")
 	}
+}
+
+// replicasOneBehindLink starts a Consul agent and two replicas on it: A
+// reaches the agent through link (to slow down or cut), B directly.
+func replicasOneBehindLink(t *testing.T) (*consultest.Agent, *cutLink, *brokertest.Replica, *brokertest.Replica) {
+	t.Helper()
+	agent := consultest.Start(t)
+	link := newCutLink(t, strings.TrimPrefix(agent.Config().Address, "http://"))
+	a := brokertest.Start(t, agent, brokertest.WithConsulAddress(link.addr()))
+	b := brokertest.Start(t, agent)
+	return agent, link, a, b
 }
 
 // assertCutOff: err is the end of a stream on a replica cut off from
