@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -55,8 +54,7 @@ type Broker struct {
 	pools        *pools // nil unless WithSessionPool
 	promiseBound time.Duration
 	renewals     *renewalLog // the holds' renewals that failed and are retried
-	reach        *reach      // whether Consul answers, for waiters and watches (reach.go)
-	watchers     atomic.Int64
+	reach        *reach      // whether Consul answers (reach.go)
 	janitorStop  context.CancelFunc
 	janitorDone  chan struct{} // the janitor and the pool stopped
 }

@@ -10,8 +10,6 @@ import "context"
 // reader missed because it read slowly; it always gets the newest state.
 // All watchers of one key on this replica share one watch.
 func (b *Broker) Watch(ctx context.Context, key string, prefix bool, send func(st *State, skipped uint64) error) error {
-	b.watchers.Add(1)
-	defer b.watchers.Add(-1)
 	s := b.hub.subscribe(key)
 	defer s.close()
 	// The first state is a consistent read, so that it is never older than

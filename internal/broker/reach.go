@@ -9,20 +9,22 @@ import (
 	"go.uber.org/zap"
 )
 
-// Whether this replica reaches Consul, for its waiters and watches.
+// Whether this replica reaches Consul.
 //
-// A waiting request can only be granted through its replica's Consul
-// agent. When the replica is cut off from it (a broken link, the agent
-// stopped or without servers) the key may well be free and other replicas
-// able to grant it, while the waiter keeps hearing `queued` heartbeats,
-// which say only that its replica runs; a watch there shows the keys as
-// they were. So while any request waits or any watch runs here, the
-// replica asks its agent for the cluster's leader every reachProbeEvery;
-// once no probe has been answered for reachGrace, every waiter and watch
-// ends UNAVAILABLE (REPLICA_CUT_OFF) and the client libraries take them to
-// another replica at once. A cluster without a leader still answers the
-// probe: during an election every replica is as stuck as this one, and
-// waiters stay where they are.
+// A request can only be served through its replica's Consul agent. When
+// the replica is cut off from it (a broken link, the agent stopped or
+// without servers) the key may well be free and other replicas able to
+// grant it, while a waiter here keeps hearing `queued` heartbeats, which
+// say only that its replica runs; a watch here shows the keys as they
+// were; and a new request waits for its Consul call's timeout (10 s
+// through a link that drops everything) before it fails. So the replica
+// asks its agent for the cluster's leader every reachProbeEvery, always;
+// once no probe has been answered for reachGrace it counts as cut off:
+// every waiter and watch ends UNAVAILABLE (REPLICA_CUT_OFF), every new
+// request is refused so at once (Admit), and the client libraries take
+// them to another replica. The first answer ends it. A cluster without a
+// leader still answers the probe: during an election every replica is as
+// stuck as this one, and waiters stay where they are.
 const (
 	reachProbeEvery = time.Second
 	reachGrace      = 3 * time.Second
@@ -121,9 +123,9 @@ func isClosed(c <-chan struct{}) bool {
 	}
 }
 
-// watchReach probes Consul while a request waits or a watch runs here,
-// one probe at a time, started at most every reachProbeEvery and given
-// reachGrace to be answered, and judges every reachTick; until ctx ends.
+// watchReach probes Consul, one probe at a time, started at most every
+// reachProbeEvery and given reachGrace to be answered, and judges every
+// reachTick; until ctx ends.
 // A slow agent is not a cut-off one: answers that take up to about 2.5 s
 // still come at least every reachGrace.
 func (b *Broker) watchReach(ctx context.Context) {
@@ -140,16 +142,8 @@ func (b *Broker) watchReach(ctx context.Context) {
 		case <-t.C:
 		}
 		now := time.Now()
-		b.mu.Lock()
-		idle := len(b.waiting) == 0 && b.watchers.Load() == 0
-		b.mu.Unlock()
-		if idle {
-			b.reach.answered(now) // nothing to judge
-			b.reach.judge(now)    // (keeps the ticks' spacing)
-			continue
-		}
 		if b.reach.judge(now) {
-			b.log.Warn("consul: this replica's agent has not answered for a while; its waiting requests and watches end UNAVAILABLE (REPLICA_CUT_OFF) so that clients go to another replica",
+			b.log.Warn("consul: this replica's agent has not answered for a while; its waiting requests and watches end, and new requests are refused, UNAVAILABLE (REPLICA_CUT_OFF) so that clients go to another replica",
 				zap.Duration("unanswered_for", b.reach.since()))
 		}
 		if now.Sub(lastStart) < reachProbeEvery {
@@ -197,6 +191,19 @@ func (b *Broker) Placed(err error) error {
 	}
 	b.reach.told.Add(1)
 	return newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent does not answer (%v); try another replica", err)
+}
+
+// Admit refuses a new request while this replica counts as cut off from
+// its Consul agent (see watchReach): UNAVAILABLE with REPLICA_CUT_OFF at
+// once, where the request's own Consul call would wait for its timeout.
+// It returns nil otherwise. The services call it once a request is let in
+// and valid, before any Consul call (the tenant quota's count included);
+// the error then passes Placed like any other.
+func (b *Broker) Admit() error {
+	if !isClosed(b.reach.lost()) {
+		return nil
+	}
+	return newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent has not answered for %s; try another replica", b.reach.since().Round(100*time.Millisecond))
 }
 
 // CutOffAnswers is how many requests and streams this replica has ended

@@ -127,8 +127,8 @@ func WithKeepalive(idle, timeout time.Duration) Option {
 // New wires the gRPC server: metrics, access logging (finished calls at
 // debug when OK, otherwise at info and above), recovery (INTERNAL, panic
 // logged), access (identity, tenant prefixes, quotas, audit log; see
-// WithTenants) and validation (INVALID_ARGUMENT with details)
-// interceptors, server keepalive and its enforcement policy, the three
+// WithTenants), validation (INVALID_ARGUMENT with details) and cut-off
+// (REPLICA_CUT_OFF while the replica cannot reach Consul) interceptors, server keepalive and its enforcement policy, the three
 // services, health and reflection.
 func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Server, error) {
 	o := options{keepaliveTime: DefaultKeepaliveTime, keepaliveTimeout: DefaultKeepaliveTimeout, workers: streamWorkers()}
@@ -150,12 +150,16 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 		return status.Error(codes.Internal, "internal error")
 	}
 	accessLog := accessLog{log: log}
+	gate := cutOffGate{b: b, log: log}
 	val := &validation{validator: validator, codec: newRequestCodec()}
 	acc := &access{
 		audit: log.Named(AuditLoggerName),
 		drop:  val.codec.forget,
 	}
 	acc.quotas = newQuotas(func(ctx context.Context, t string) (int, error) {
+		if err := b.Admit(); err != nil {
+			return 0, err // cut off: at once, not after the list's timeout
+		}
 		return clientOwnedSessions(ctx, b, t)
 	}, func(err error) error { return toStatus(log, b.Placed(err)) })
 	acc.cfg.Store(o.tenants)
@@ -171,9 +175,10 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 			recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(recovered)),
 			acc.unary, // who calls, for which tenant, may it, quotas (forgets a refused request's decode error)
 			val.unary, // it must see every request the codec decoded and access let in
+			gate.unary,
 		),
-		// The same five for streams, in one frame (see streams).
-		grpc.StreamInterceptor((&streams{metrics: srvMetrics, log: accessLog, recovered: recovered, access: acc, val: val}).intercept),
+		// The same six for streams, in one frame (see streams).
+		grpc.StreamInterceptor((&streams{metrics: srvMetrics, log: accessLog, recovered: recovered, access: acc, val: val, gate: gate}).intercept),
 	}
 	if o.creds != nil {
 		serverOpts = append(serverOpts, grpc.Creds(o.creds))

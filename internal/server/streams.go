@@ -11,7 +11,7 @@ import (
 
 // streams is the server's one stream interceptor: for a stream it does
 // what the unary chain does for a call (metrics, access log, recovery,
-// access, validation, in that order) in one stack frame.
+// access, validation, the cut-off gate, in that order) in one stack frame.
 //
 // A hold's goroutine stays parked under its stream's interceptors for as
 // long as the hold lasts. gRPC's chain puts two frames per interceptor
@@ -28,6 +28,7 @@ type streams struct {
 	recovered func(p any) error
 	access    *access
 	val       *validation
+	gate      cutOffGate
 }
 
 func (s *streams) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
@@ -46,7 +47,8 @@ func (s *streams) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 }
 
 // callStream is the stream a handler gets: it counts the messages, lets
-// the first request in only if access does, then validates it, and
+// the first request in only if access does, then validates it and refuses
+// it while the replica is cut off from Consul, and
 // carries the caller's tenant in its context.
 type callStream struct {
 	grpc.ServerStream
@@ -66,7 +68,9 @@ func (cs *callStream) RecvMsg(m any) error {
 		return err
 	}
 	cs.counters.received.Inc()
-	if c := cs.call; c != nil && !cs.received {
+	c := cs.call
+	first := c != nil && !cs.received
+	if first {
 		cs.received = true
 		c.req, c.hasNamed = m, false
 		if err := cs.s.access.admitRequest(cs.ctx, c); err != nil {
@@ -74,7 +78,13 @@ func (cs *callStream) RecvMsg(m any) error {
 			return err
 		}
 	}
-	return cs.s.val.check(m)
+	if err := cs.s.val.check(m); err != nil {
+		return err
+	}
+	if first {
+		return cs.s.gate.admit()
+	}
+	return nil
 }
 
 func (cs *callStream) SendMsg(m any) error {

@@ -23,8 +23,11 @@ import (
 // library goes to another replica (with CONSUL_UNAVAILABLE, Python and Node
 // gave up: another replica fails alike when Consul itself is down). First
 // the link refuses (the agent stopped): the answer comes at once. Then it
-// drops everything (a blackhole): after the Consul call's timeout. Nothing
-// is left held in Consul.
+// drops everything (a blackhole): a request already on its way fails after
+// its Consul call's timeout, and once the replica's probes have gone
+// unanswered for reachGrace, every new request is refused at once (before,
+// each waited the 10 s timeout and a probe: 11.0 s). When the link is back,
+// the replica serves again. Nothing is left held in Consul.
 func TestRequestOnCutOffReplica(t *testing.T) {
 	agent, link, a, b := replicasOneBehindLink(t)
 	locks := a.Locks(t)
@@ -62,18 +65,90 @@ func TestRequestOnCutOffReplica(t *testing.T) {
 	assert.Equal(t, 1, lease.Replica(), "the library took the lock on B")
 	require.NoError(t, lease.Release(lkCtx(t)))
 
+	// The link back: A serves again once a probe of its agent is answered.
 	require.NoError(t, link.p.Start())
-	link.toxic(t, "timeout", `{"timeout":0}`) // a blackhole
-	start = time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err = locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: "cutoff-req/blackhole", SessionId: sid})
-	t.Logf("TryAcquire on A, link a blackhole: %v after %s", err, time.Since(start).Round(time.Millisecond))
-	requireReason(t, err, codes.Unavailable, "REPLICA_CUT_OFF")
-	assert.Equal(t, uint64(6), a.Broker.CutOffAnswers(), "and the library's Lock, and this one")
-	link.heal()
+	requireAdmits(t, a, locks)
+	told := a.Broker.CutOffAnswers()
 
-	for _, key := range []string{"cutoff-req/try", "cutoff-req/raw", "cutoff-req/blackhole"} {
+	// A blackhole. A request already on its way waits for its Consul
+	// call's timeout; from reachGrace after the last answered probe on,
+	// A counts as cut off, and every new request is refused at once,
+	// before any Consul call.
+	link.toxic(t, "timeout", `{"timeout":0}`)
+	cut := time.Now()
+	inFlight := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: "cutoff-req/blackhole", SessionId: sid})
+		inFlight <- err
+	}()
+	require.Eventually(t, func() bool { return a.Broker.Admit() != nil }, 10*time.Second, 10*time.Millisecond, "A counts itself cut off")
+	t.Logf("A counts itself cut off %s after the blackhole", time.Since(cut).Round(time.Millisecond))
+	assert.Less(t, time.Since(cut), 5*time.Second, "reachGrace (3 s) after the last answered probe, probed every second")
+	refused := []struct {
+		name string
+		call func(ctx context.Context) error
+	}{
+		{"TryAcquire", func(ctx context.Context) error {
+			_, err := locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: "cutoff-req/blackhole-2", SessionId: sid})
+			return err
+		}},
+		{"GetLock", func(ctx context.Context) error {
+			_, err := locks.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "cutoff-req/blackhole"})
+			return err
+		}},
+		{"Release", func(ctx context.Context) error {
+			_, err := locks.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: "cutoff-req/blackhole", SessionId: sid})
+			return err
+		}},
+		{"CreateSession", func(ctx context.Context) error {
+			_, err := a.Sessions(t).CreateSession(ctx, &lockbrokerv1.CreateSessionRequest{})
+			return err
+		}},
+		{"ListHolds", func(ctx context.Context) error {
+			_, err := lockbrokerv1.NewAdminServiceClient(a.Conn(t)).ListHolds(ctx, &lockbrokerv1.ListHoldsRequest{})
+			return err
+		}},
+		{"Acquire", func(ctx context.Context) error {
+			return acquire(t, locks, &lockbrokerv1.AcquireRequest{Key: "cutoff-req/raw", Session: fast()}).end(10 * time.Second)
+		}},
+		{"Watch", func(ctx context.Context) error {
+			w, err := locks.Watch(ctx, &lockbrokerv1.WatchRequest{Key: "cutoff-req/blackhole"})
+			if err == nil {
+				_, err = w.Recv()
+			}
+			return err
+		}},
+	}
+	for _, r := range refused {
+		start := time.Now()
+		err := r.call(lkCtx(t))
+		took := time.Since(start)
+		t.Logf("%s on A, cut off: %v after %s", r.name, err, took.Round(time.Microsecond))
+		requireReason(t, err, codes.Unavailable, "REPLICA_CUT_OFF")
+		assert.Less(t, took, time.Second, "%s: at once, not after a Consul call's timeout", r.name)
+	}
+	start = time.Now()
+	lease, err = client.New(a.Conn(t), client.WithReplicas(b.Conn(t))).Lock(lkCtx(t), "cutoff-req/lib", client.WithTTL(10*time.Second))
+	require.NoError(t, err)
+	t.Logf("the library's Lock through A then B: granted on replica %d after %s", lease.Replica(), time.Since(start).Round(time.Microsecond))
+	assert.Equal(t, 1, lease.Replica(), "the library took the lock on B")
+	assert.Less(t, time.Since(start), time.Second)
+	require.NoError(t, lease.Release(lkCtx(t)))
+
+	select {
+	case err := <-inFlight:
+		t.Logf("the TryAcquire on its way at the cut: %v, %s after it", err, time.Since(cut).Round(time.Millisecond))
+		requireReason(t, err, codes.Unavailable, "REPLICA_CUT_OFF")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the TryAcquire on its way at the cut did not end within 20 s")
+	}
+	assert.Equal(t, told+uint64(len(refused))+2, a.Broker.CutOffAnswers(), "each refused request, the library's first try and the one on its way")
+
+	link.heal()
+	requireAdmits(t, a, locks)
+	for _, key := range []string{"cutoff-req/try", "cutoff-req/raw", "cutoff-req/blackhole", "cutoff-req/blackhole-2"} {
 		free(key)
 	}
 }
@@ -139,4 +214,16 @@ func reasonOf(err error) string {
 		}
 	}
 	return ""
+}
+
+// requireAdmits waits until replica r serves requests again after a cut:
+// it no longer counts itself cut off (a probe of its agent was answered),
+// and a read through it succeeds.
+func requireAdmits(t *testing.T, r *brokertest.Replica, locks lockbrokerv1.LockServiceClient) {
+	t.Helper()
+	start := time.Now()
+	require.Eventually(t, func() bool { return r.Broker.Admit() == nil }, 10*time.Second, 10*time.Millisecond, "the replica serves again")
+	_, err := locks.GetLock(lkCtx(t), &lockbrokerv1.GetLockRequest{Key: "cutoff-req/warm"})
+	require.NoError(t, err)
+	t.Logf("the replica serves again %s after the link came back", time.Since(start).Round(time.Millisecond))
 }
