@@ -42,10 +42,13 @@ const (
 // reach tracks the probes. Its zero value is not usable: see newReach.
 type reach struct {
 	mu     sync.Mutex
-	lastOK time.Time     // when a probe was last answered (or an idle tick)
-	cutOff chan struct{} // closed while no probe has been answered for reachGrace
-	ticked time.Time     // the last judge
-	check  *reachCall    // Placed's probe, while one is out
+	lastOK time.Time // when a probe was last answered
+	// cut is done while no probe has been answered for reachGrace (cutNow
+	// ends it); a probe answered after that makes a new one.
+	cut    context.Context
+	cutNow context.CancelFunc
+	ticked time.Time  // the last judge
+	check  *reachCall // Placed's probe, while one is out
 	// checkFailed: Placed's last probe went unanswered (for logging the
 	// changes only).
 	checkFailed bool
@@ -61,30 +64,36 @@ type reachCall struct {
 }
 
 func newReach() *reach {
-	return &reach{lastOK: time.Now(), cutOff: make(chan struct{})}
+	r := &reach{lastOK: time.Now()}
+	r.cut, r.cutNow = context.WithCancel(context.Background())
+	return r
 }
 
 // lost is closed once the replica counts as cut off from Consul; a
 // waiter selects on it.
 func (r *reach) lost() <-chan struct{} {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cutOff
+	return r.cutContext().Done()
 }
 
-// answered records that Consul answered a probe at t (or a tick at t
-// with nobody waiting: nothing to judge). It reports whether the replica
-// counted as cut off until now.
+// cutContext is done once the replica counts as cut off from Consul.
+func (r *reach) cutContext() context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cut
+}
+
+// answered records that Consul answered a probe at t. It reports whether
+// the replica counted as cut off until now.
 func (r *reach) answered(t time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if t.After(r.lastOK) {
 		r.lastOK = t
 	}
-	if !isClosed(r.cutOff) {
+	if r.cut.Err() == nil {
 		return false
 	}
-	r.cutOff = make(chan struct{})
+	r.cut, r.cutNow = context.WithCancel(context.Background())
 	return true
 }
 
@@ -100,10 +109,10 @@ func (r *reach) judge(now time.Time) bool {
 	if gap > reachGap && now.After(r.lastOK) {
 		r.lastOK = now
 	}
-	if now.Sub(r.lastOK) < reachGrace || isClosed(r.cutOff) {
+	if now.Sub(r.lastOK) < reachGrace || r.cut.Err() != nil {
 		return false
 	}
-	close(r.cutOff)
+	r.cutNow()
 	return true
 }
 
@@ -200,10 +209,40 @@ func (b *Broker) Placed(err error) error {
 // and valid, before any Consul call (the tenant quota's count included);
 // the error then passes Placed like any other.
 func (b *Broker) Admit() error {
-	if !isClosed(b.reach.lost()) {
+	if b.reach.cutContext().Err() == nil {
 		return nil
 	}
+	return b.cutOffError()
+}
+
+func (b *Broker) cutOffError() error {
 	return newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent has not answered for %s; try another replica", b.reach.since().Round(100*time.Millisecond))
+}
+
+// Enter admits a request as Admit does, and gives it a context that is
+// cancelled if the replica comes to count as cut off while the request
+// runs: its Consul call then ends at once, not at its timeout. leave
+// ends that; it returns the error to answer instead of the request's own
+// when the cut cancelled it (nil otherwise: the request's own answer
+// stands).
+//
+// For requests that end when they are answered (the unary ones): a
+// stream's context is its hold's, which a cut must not end.
+func (b *Broker) Enter(ctx context.Context) (_ context.Context, leave func() error, _ error) {
+	cut := b.reach.cutContext()
+	if cut.Err() != nil {
+		return ctx, nil, b.cutOffError()
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(cut, cancel)
+	return rctx, func() error {
+		cancelled := !stop() && ctx.Err() == nil
+		cancel()
+		if cancelled {
+			return b.cutOffError()
+		}
+		return nil
+	}, nil
 }
 
 // CutOffAnswers is how many requests and streams this replica has ended

@@ -23,11 +23,11 @@ import (
 // library goes to another replica (with CONSUL_UNAVAILABLE, Python and Node
 // gave up: another replica fails alike when Consul itself is down). First
 // the link refuses (the agent stopped): the answer comes at once. Then it
-// drops everything (a blackhole): a request already on its way fails after
-// its Consul call's timeout, and once the replica's probes have gone
-// unanswered for reachGrace, every new request is refused at once (before,
-// each waited the 10 s timeout and a probe: 11.0 s). When the link is back,
-// the replica serves again. Nothing is left held in Consul.
+// drops everything (a blackhole): once the replica's probes have gone
+// unanswered for reachGrace, a request already on its way fails then, and
+// every new request is refused at once (before, each waited for its Consul
+// call's 10 s timeout and a probe: 11.0 s). When the link is back, the
+// replica serves again. Nothing is left held in Consul.
 func TestRequestOnCutOffReplica(t *testing.T) {
 	agent, link, a, b := replicasOneBehindLink(t)
 	locks := a.Locks(t)
@@ -70,10 +70,9 @@ func TestRequestOnCutOffReplica(t *testing.T) {
 	requireAdmits(t, a, locks)
 	told := a.Broker.CutOffAnswers()
 
-	// A blackhole. A request already on its way waits for its Consul
-	// call's timeout; from reachGrace after the last answered probe on,
-	// A counts as cut off, and every new request is refused at once,
-	// before any Consul call.
+	// A blackhole. From reachGrace after the last answered probe on, A
+	// counts as cut off: the request already on its way ends, and every
+	// new request is refused at once, before any Consul call.
 	link.toxic(t, "timeout", `{"timeout":0}`)
 	cut := time.Now()
 	inFlight := make(chan error, 1)
@@ -141,6 +140,7 @@ func TestRequestOnCutOffReplica(t *testing.T) {
 	case err := <-inFlight:
 		t.Logf("the TryAcquire on its way at the cut: %v, %s after it", err, time.Since(cut).Round(time.Millisecond))
 		requireReason(t, err, codes.Unavailable, "REPLICA_CUT_OFF")
+		assert.Less(t, time.Since(cut), 8*time.Second, "ended with the cut, not at its Consul call's 10 s timeout")
 	case <-time.After(20 * time.Second):
 		t.Fatal("the TryAcquire on its way at the cut did not end within 20 s")
 	}
