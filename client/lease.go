@@ -382,9 +382,9 @@ func (l *Lease) follow(stream lockbrokerv1.LockService_AcquireClient) error {
 				}
 				return &LostError{Cause: CauseReleased, Detail: "released by a Release call from elsewhere"}
 			case *lockbrokerv1.AcquireResponse_Lost:
-				if e.Lost.GetReason() == lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN {
-					// Resume elsewhere; the draining broker guarantees the
-					// hold only until its drain ends.
+				if r := e.Lost.GetReason(); r == lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN || r == lockbrokerv1.LostReason_LOST_REASON_REPLICA_CUT_OFF {
+					// Resume elsewhere; the draining or cut-off broker
+					// guarantees the hold only until guaranteed_for.
 					if g := e.Lost.GetGuaranteedFor(); g != nil {
 						l.mu.Lock()
 						if d := time.Now().Add(g.AsDuration()); d.Before(l.deadline) {

@@ -43,7 +43,8 @@ process group gets SIGTERM, then SIGKILL after --grace (sooner if the hold's
 guarantee ends first, see below), and lockctl exits 75.
 
 If the broker holding the lock goes away while CMD runs (it dies, drains
-for a restart, or, with several --addr, falls silent for 60% of the last
+for a restart, is cut off from Consul and says so (lost: REPLICA_CUT_OFF),
+or, with several --addr, falls silent for 60% of the last
 guarantee, or less so that a resume fits before the command must be
 stopped, but never less than 45%), lockctl resumes the hold on the
 brokers of --addr in turn, starting with the next: same session, same
@@ -446,13 +447,18 @@ func (s *supervisor) run() error {
 				s.heard(d)
 				continue
 			case *lockbrokerv1.AcquireResponse_Lost:
-				if e.Lost.GetReason() == lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN {
-					// The broker drains: it guarantees the hold until its
-					// drain ends, and the hold moves to another broker.
+				if r := e.Lost.GetReason(); r == lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN || r == lockbrokerv1.LostReason_LOST_REASON_REPLICA_CUT_OFF {
+					// The broker drains, or cannot reach Consul: it
+					// guarantees the hold until guaranteed_for, and the
+					// hold moves to another broker.
 					if gf := e.Lost.GetGuaranteedFor(); gf != nil {
 						s.g.shorten(gf.AsDuration())
 					}
-					s.resume(fmt.Sprintf("the broker at %s is shutting down", s.cur.addr))
+					what := "is shutting down"
+					if r == lockbrokerv1.LostReason_LOST_REASON_REPLICA_CUT_OFF {
+						what = "is cut off from Consul"
+					}
+					s.resume(fmt.Sprintf("the broker at %s %s", s.cur.addr, what))
 					continue
 				}
 				why = lostText(e.Lost)

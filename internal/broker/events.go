@@ -26,6 +26,7 @@ const (
 	LostLimitConflict
 	LostBrokerShutdown
 	LostResumedElsewhere
+	LostReplicaCutOff
 )
 
 // Event is one event of an Acquire.

@@ -37,6 +37,9 @@ func (h *hold) keep(ctx context.Context) error {
 		case <-k.shutdown:
 			k.shutdown = nil
 			h.life.End(Outcome{Kind: OutcomeShutdown})
+		case <-k.cut:
+			k.cut = nil
+			k.cutOff()
 		case d := <-k.renewed:
 			k.deadline.Reset(time.Until(d))
 			k.keepalive(ctx, d)
@@ -73,13 +76,25 @@ func (k *keeper) pastDeadline() {
 	k.h.life.End(lost(LostRenewalFailed, fmt.Sprintf("no session renewal succeeded within the TTL (%s) less the safety margin; giving the hold up before Consul may grant it to another", k.h.ttl)))
 }
 
-// keeper is keep's state: the channels it selects on. Each of canceled
-// and shutdown is handled once (set to nil after): while a release is in
-// flight the lifecycle defers the End, and a closed channel would
+// cutOff: this replica counts as cut off from Consul (see reach.go), so
+// nothing it does can renew the session. The client is told to resume
+// the hold on another replica, which can, while the session lives (see
+// OutcomeCutOff in conclude). A hold whose connection is lost already
+// waits for that resume anyway.
+func (k *keeper) cutOff() {
+	if !k.lingering {
+		k.h.life.End(Outcome{Kind: OutcomeCutOff})
+	}
+}
+
+// keeper is keep's state: the channels it selects on. Each of canceled,
+// shutdown and cut is handled once (set to nil after): while a release is
+// in flight the lifecycle defers the End, and a closed channel would
 // otherwise fire again and again.
 type keeper struct {
 	h                  *hold
 	canceled, shutdown <-chan struct{}
+	cut                <-chan struct{} // the replica is cut off from Consul (broker-owned sessions only)
 	renewed            <-chan time.Time
 	failed             <-chan error
 	deadline           *time.Timer
@@ -94,6 +109,7 @@ func (h *hold) newKeeper(ctx context.Context) *keeper {
 	k.deadline.Stop()
 	if h.ren != nil {
 		k.renewed, k.failed = h.ren.renewed, h.ren.failed
+		k.cut = h.b.reach.lost()
 		k.deadline.Reset(time.Until(h.ren.safeUntil()))
 		// Renewals (every TTL/3) send the keepalives; when they are too
 		// far apart for the promise bound, a ticker sends more.
@@ -268,6 +284,19 @@ func (h *hold) conclude(ctx context.Context, o Outcome) error {
 		}
 		h.drain(ctx)
 		return err
+	case OutcomeCutOff:
+		// Only a renewal can extend the promise, and renewals cannot
+		// reach Consul from here: the client resumes elsewhere, or stops,
+		// by the last safe deadline.
+		until := h.ren.safeUntil()
+		h.b.log.Info("hold told to resume on another replica: this one is cut off from Consul", zap.String("key", seq.Key), zap.String("session", seq.Session), zap.Time("safe_until", until))
+		var err error
+		if !mutantNoLossNotice {
+			err = h.send(Event{Kind: EventLost, Reason: LostReplicaCutOff, Sequencer: seq, GuaranteedFor: h.promise(until),
+				Detail: "this broker replica is cut off from its Consul agent and cannot renew the session; resume the hold on another replica with this sequencer before guaranteed_for runs out"})
+		}
+		h.keepForResume(ctx, until)
+		return err
 	}
 	h.b.log.Info("hold lost", zap.String("key", seq.Key), zap.String("session", seq.Session), zap.Int("reason", int(o.Reason)), zap.String("detail", o.Detail))
 	if mutantNoLossNotice {
@@ -299,6 +328,27 @@ func (h *hold) sendLost(r LostReason, detail string) error {
 		return nil
 	}
 	return h.send(Event{Kind: EventLost, Reason: r, Detail: detail, Sequencer: h.grant()})
+}
+
+// keepForResume keeps a hold whose replica is cut off from Consul until
+// the client closes its stream (having resumed the hold elsewhere, or
+// given it up), or the hold's last promise has passed (for a lost
+// connection, in any case); then it ends the hold as after a cancel,
+// fenced by the record: a hold resumed elsewhere is not touched.
+func (h *hold) keepForResume(ctx context.Context, until time.Time) {
+	t := time.NewTimer(time.Until(until))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		if disconnected(ctx) {
+			<-t.C
+		}
+	case <-t.C:
+	case <-h.b.drained: // the broker shut down: as drain does
+	}
+	if !h.b.abandoning() {
+		h.finish(false)
+	}
 }
 
 // drain keeps a hold whose broker is shutting down until the client has

@@ -41,6 +41,9 @@ const (
 	OutcomeCanceled
 	// OutcomeFailed: it never got the grant (an error, a timeout).
 	OutcomeFailed
+	// OutcomeCutOff: this replica cannot reach Consul to renew the
+	// session; the client may resume elsewhere.
+	OutcomeCutOff
 )
 
 // Lifecycle decides a hold's outcome, once, under one lock. Every path

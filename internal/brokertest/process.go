@@ -105,6 +105,13 @@ func StartProcess(t testing.TB, agent *consultest.Agent, opts ...ProcessOption) 
 	return start(t, agent.HTTPAddr(), opts)
 }
 
+// StartProcessAt is StartProcess with the Consul agent at consulAddr
+// (host:port), such as a proxy in front of an agent that a test cuts.
+func StartProcessAt(t testing.TB, consulAddr string, opts ...ProcessOption) *Process {
+	t.Helper()
+	return start(t, consulAddr, opts)
+}
+
 // StartDev runs `broker --dev`, which starts and supervises a Consul dev
 // agent from bin/consul, on free loopback ports, and waits until it reports
 // SERVING. Use it for tests that need one broker and nothing else; use

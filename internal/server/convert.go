@@ -24,6 +24,7 @@ var reasons = map[broker.LostReason]lockbrokerv1.LostReason{
 	broker.LostLimitConflict:      lockbrokerv1.LostReason_LOST_REASON_LIMIT_CONFLICT,
 	broker.LostBrokerShutdown:     lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN,
 	broker.LostResumedElsewhere:   lockbrokerv1.LostReason_LOST_REASON_RESUMED_ELSEWHERE,
+	broker.LostReplicaCutOff:      lockbrokerv1.LostReason_LOST_REASON_REPLICA_CUT_OFF,
 }
 
 func stateToProto(st *broker.State) *lockbrokerv1.LockState {
@@ -114,7 +115,7 @@ func eventToProto(e broker.Event) *lockbrokerv1.AcquireResponse {
 		}}}
 	case broker.EventLost:
 		lost := &lockbrokerv1.AcquireLost{Reason: reasons[e.Reason], Detail: e.Detail}
-		if e.Reason == broker.LostBrokerShutdown {
+		if e.Reason == broker.LostBrokerShutdown || e.Reason == broker.LostReplicaCutOff {
 			lost.GuaranteedFor = durationpb.New(e.GuaranteedFor)
 		}
 		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Lost{Lost: lost}}

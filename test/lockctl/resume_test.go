@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/hashicorp/consul/api"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -28,9 +30,10 @@ echo done > "$0.done"`
 // TestLockResumes: `lockctl lock` with two brokers keeps running its
 // command when the broker its hold is on goes away, by resuming the hold
 // (same session, same token) on the other one, as the client libraries
-// do: the broker is killed (SIGKILL), drains for a restart (SIGTERM) or is
+// do: the broker is killed (SIGKILL), drains for a restart (SIGTERM), is
 // stopped (SIGSTOP: its stream falls silent; it continues after the
-// move). The command is never signalled, finishes, and lockctl exits with
+// move) or is cut off from Consul (its link refuses: it says `lost:
+// REPLICA_CUT_OFF` once it counts as cut off). The command is never signalled, finishes, and lockctl exits with
 // its code, 0. When the other broker refuses the resume (the session was
 // destroyed meanwhile), the hold is lost: the command is stopped and
 // lockctl exits 75. Real broker processes on one Consul agent.
@@ -50,16 +53,28 @@ func TestLockResumes(t *testing.T) {
 
 	for _, tt := range []struct {
 		name  string
-		stop  func(a *brokertest.Process)
+		stop  func(a *brokertest.Process, link *toxiproxy.Proxy)
 		after func(a *brokertest.Process) // once the hold moved
+		cut   bool                        // A reaches Consul through link
 	}{
-		{"killed", func(a *brokertest.Process) { a.Kill() }, nil},
-		{"draining", func(a *brokertest.Process) { a.Signal(syscall.SIGTERM) }, nil},
+		{"killed", func(a *brokertest.Process, _ *toxiproxy.Proxy) { a.Kill() }, nil, false},
+		{"draining", func(a *brokertest.Process, _ *toxiproxy.Proxy) { a.Signal(syscall.SIGTERM) }, nil, false},
 		// A wakes after the move: its copy of the hold must leave it alone.
-		{"stopped", func(a *brokertest.Process) { a.Stop(); t.Cleanup(a.Cont) }, func(a *brokertest.Process) { a.Cont() }},
+		{"stopped", func(a *brokertest.Process, _ *toxiproxy.Proxy) { a.Stop(); t.Cleanup(a.Cont) }, func(a *brokertest.Process) { a.Cont() }, false},
+		{"cut-off", func(_ *brokertest.Process, link *toxiproxy.Proxy) { link.Stop() }, nil, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			a, b := brokertest.StartProcess(t, agent), brokertest.StartProcess(t, agent)
+			var link *toxiproxy.Proxy
+			startA := brokertest.StartProcess
+			if tt.cut {
+				link = toxiproxy.NewProxy(toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()), t.Name(), "127.0.0.1:0", agent.HTTPAddr())
+				require.NoError(t, link.Start())
+				t.Cleanup(link.Stop)
+				startA = func(t testing.TB, _ *consultest.Agent, opts ...brokertest.ProcessOption) *brokertest.Process {
+					return brokertest.StartProcessAt(t, link.Listen, opts...)
+				}
+			}
+			a, b := startA(t, agent), brokertest.StartProcess(t, agent)
 			key := "lockctl-test/resume/" + tt.name
 			file := filepath.Join(t.TempDir(), "child")
 			// The default --grace: the command would get SIGTERM 6 s after
@@ -71,7 +86,7 @@ func TestLockResumes(t *testing.T) {
 			session, token := got[0], got[1]
 			require.Equal(t, session, holder(key))
 
-			tt.stop(a)
+			tt.stop(a, link)
 			stopped := time.Now()
 			require.Eventually(t, func() bool { return strings.Contains(p.stderr.String(), "lockctl: resumed on "+b.Addr) },
 				15*time.Second, 20*time.Millisecond, "no resume on B; stderr: %s", p.stderr.String())

@@ -694,8 +694,9 @@ export class Lease {
         return this._releasing ? RELEASED : new LockLostError("RELEASED", "released through the Release call from elsewhere");
       } else if (ev.case === "lost") {
         const reason = lostReasonName(ev.value.reason);
-        if (reason === "BROKER_SHUTDOWN") {
-          // The drain may end before the TTL would: the hold is guaranteed until the earlier.
+        if (reason === "BROKER_SHUTDOWN" || reason === "REPLICA_CUT_OFF") {
+          // Resume elsewhere. The drain (or the cut-off replica's last renewal) may end
+          // before the TTL would: the hold is guaranteed until the earlier.
           if (ev.value.guaranteedFor) this._deadline = Math.min(this._deadline, t + durationMs(ev.value.guaranteedFor));
           return undefined;
         }

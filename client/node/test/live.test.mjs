@@ -239,6 +239,39 @@ test("a replica cut off from Consul: lock() takes the next replica", () =>
     }
   }));
 
+test("a replica cut off from Consul: a held lease moves to the next replica (lost: REPLICA_CUT_OFF)", () =>
+  using(async (make) => {
+    // Once the replica counts as cut off (no answer for 3 s) it tells its
+    // holds to resume elsewhere; the next replica renews the session, so the
+    // lease outlives the TTL counted from the cut, with the same token.
+    // Taken for a loss, it would end before that.
+    const link = await Link.open(cluster.consul.addr);
+    const a = await cluster.broker("hold-cut-a", [], link.addr);
+    const b = await cluster.broker("hold-cut-b");
+    try {
+      const c = make(a.addr, { targets: [b.addr] });
+      const ttl = 10;
+      const lease = await c.lock(key("hold-cut"), { ttl, lockDelay: 0 });
+      assert.equal(lease.target, a.addr);
+      const token = lease.token;
+      link.cut();
+      const cut = Date.now();
+      await waitFor(() => lease.target === b.addr || lease.lost, 8000, "resume on B");
+      console.log(`the lease resumed on ${lease.target} ${Date.now() - cut} ms after the cut`);
+      assert.equal(lease.lost, false, lease.error?.message);
+      await sleep(Math.max(0, cut + (ttl + 2) * 1000 - Date.now()));
+      assert.equal(lease.lost, false, lease.error?.message);
+      assert.equal(lease.token, token);
+      const st = await c.getLock(lease.key); // A refuses it (cut off): B answers
+      assert.deepEqual(st.holders.map((h) => [h.sessionId, h.token]), [[lease.sessionId, token]]);
+      assert.equal(await lease.release(), true);
+    } finally {
+      link.cut();
+      await a.stop();
+      await b.stop();
+    }
+  }));
+
 test("a stalled replica (SIGSTOP) with another configured: the hold moves before the deadline", () =>
   using(async (make) => {
     const a = await cluster.broker("stall-a");

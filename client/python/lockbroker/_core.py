@@ -97,6 +97,15 @@ def resume_request(req, seq: Sequencer):
     return r
 
 
+# The `lost` reasons that end a stream, not the hold: the lease resumes on
+# another replica before guaranteed_for runs out. By reason, what the log
+# says of the replica.
+RESUME_REASONS = {
+    "BROKER_SHUTDOWN": "is shutting down",
+    "REPLICA_CUT_OFF": "is cut off from Consul",
+}
+
+
 def lost_reason_name(value) -> str:
     try:
         name = lock_pb2.LostReason.Name(value)

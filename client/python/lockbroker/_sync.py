@@ -619,9 +619,9 @@ class Lease:
                 return errors.LockLost("RELEASED", "released through the Release call from elsewhere")
             elif kind == "lost":
                 reason = _core.lost_reason_name(msg.lost.reason)
-                if reason == "BROKER_SHUTDOWN":
-                    log.info("lease %s: %s is shutting down; resuming", self.key, self.target)
-                    if msg.lost.HasField("guaranteed_for"):  # the drain may end before the TTL would
+                if reason in _core.RESUME_REASONS:
+                    log.info("lease %s: %s %s; resuming", self.key, self.target, _core.RESUME_REASONS[reason])
+                    if msg.lost.HasField("guaranteed_for"):  # the drain (or the last renewal) may end before the TTL would
                         with self._mu:
                             self._deadline = min(self._deadline, t + _core.seconds(msg.lost.guaranteed_for))
                     return None

@@ -532,8 +532,8 @@ class Lease:
                 return errors.LockLost("RELEASED", "released through the Release call from elsewhere")
             elif kind == "lost":
                 reason = _core.lost_reason_name(msg.lost.reason)
-                if reason == "BROKER_SHUTDOWN":
-                    if msg.lost.HasField("guaranteed_for"):  # the drain may end before the TTL would
+                if reason in _core.RESUME_REASONS:
+                    if msg.lost.HasField("guaranteed_for"):  # the drain (or the last renewal) may end before the TTL would
                         self._deadline = min(self._deadline, t + _core.seconds(msg.lost.guaranteed_for))
                     return None
                 return errors.LockLost(reason, msg.lost.detail)

@@ -235,6 +235,52 @@ def test_lock_moves_off_a_replica_cut_from_consul(cluster, key):
         b.stop()
 
 
+def test_hold_moves_off_a_replica_cut_from_consul(cluster, key):
+    """A held lease whose replica loses its Consul agent (the link refuses)
+    is told `lost: REPLICA_CUT_OFF` once the replica counts as cut off (no
+    answer for 3 s), and resumes on the next replica, which renews the
+    session: the lease outlives the session's TTL counted from the cut,
+    with the same token. Taken for a loss, it would end before that; the
+    cut-off replica went on sending keepalives, so nothing else moved it.
+    The sync and the asyncio clients alike."""
+    import cluster as cluster_mod
+
+    link = cluster_mod.Link(cluster.consul.addr)
+    a = cluster.broker("hold-cut-a", consul_addr=link.addr)
+    b = cluster.broker("hold-cut-b")
+
+    async def main():
+        with lockbroker.Client(a.addr, targets=[b.addr]) as c:
+            async with aio.Client(a.addr, targets=[b.addr]) as ac:
+                lease = c.lock(key, **LEASE)
+                alease = await ac.lock(key + "/aio", **LEASE)
+                assert (lease.target, alease.target) == (a.addr, a.addr)
+                tokens = (lease.token, alease.token)
+                link.cut()
+                cut = time.monotonic()
+                while lease.target != b.addr or alease.target != b.addr:
+                    assert not lease.lost.is_set(), lease.error
+                    assert not alease.lost.is_set(), alease.error
+                    assert time.monotonic() < cut + 8, (lease.target, alease.target)
+                    await asyncio.sleep(0.02)
+                print(f"both leases resumed on B {time.monotonic() - cut:.2f}s after the cut")
+                await asyncio.sleep(max(0, cut + LEASE["ttl"] + 2 - time.monotonic()))
+                for ls, tok, k in ((lease, tokens[0], key), (alease, tokens[1], key + "/aio")):
+                    assert not ls.lost.is_set(), ls.error
+                    assert ls.token == tok
+                    st = c.get_lock(k)  # A refuses it (cut off): B answers
+                    assert [(h.session_id, h.token) for h in st.holders] == [(ls.session_id, tok)]
+                assert lease.release() is True
+                assert await alease.release() is True
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        link.cut()
+        a.stop()
+        b.stop()
+
+
 def test_stalled_waiter_is_moved_to_another(cluster, key):
     """A lock() waiting on a replica that stops (SIGSTOP keeps its
     connection) moves to another after three of the broker's heartbeats of

@@ -107,6 +107,13 @@ const (
 	// `resume`): that replica now owns the session, and this stream ends
 	// without touching the hold.
 	LostReason_LOST_REASON_RESUMED_ELSEWHERE LostReason = 7
+	// This replica is cut off from its Consul agent (no answer for 3 s; see
+	// ERROR_REASON_REPLICA_CUT_OFF), so it cannot renew the hold's
+	// broker-owned session: resume the hold on another replica with its
+	// sequencer before guaranteed_for runs out, as after BROKER_SHUTDOWN.
+	// The hold is not released: this replica keeps it until then (or until
+	// the stream is closed), and touches nothing once it was resumed.
+	LostReason_LOST_REASON_REPLICA_CUT_OFF LostReason = 8
 )
 
 // Enum value maps for LostReason.
@@ -120,6 +127,7 @@ var (
 		5: "LOST_REASON_LIMIT_CONFLICT",
 		6: "LOST_REASON_BROKER_SHUTDOWN",
 		7: "LOST_REASON_RESUMED_ELSEWHERE",
+		8: "LOST_REASON_REPLICA_CUT_OFF",
 	}
 	LostReason_value = map[string]int32{
 		"LOST_REASON_UNSPECIFIED":         0,
@@ -130,6 +138,7 @@ var (
 		"LOST_REASON_LIMIT_CONFLICT":      5,
 		"LOST_REASON_BROKER_SHUTDOWN":     6,
 		"LOST_REASON_RESUMED_ELSEWHERE":   7,
+		"LOST_REASON_REPLICA_CUT_OFF":     8,
 	}
 )
 
@@ -833,11 +842,12 @@ type AcquireLost struct {
 	Reason LostReason `protobuf:"varint,1,opt,name=reason,proto3,enum=lockbroker.v1.LostReason" json:"reason,omitempty"`
 	// Details for humans.
 	Detail string `protobuf:"bytes,2,opt,name=detail,proto3" json:"detail,omitempty"`
-	// BROKER_SHUTDOWN only: how long the hold stays guaranteed from now,
-	// which is never past the end of the broker's drain (the broker releases
-	// holds nobody resumed then). A client that resumes elsewhere may keep
-	// working until then; one that cannot must stop by then. Absent for
-	// other reasons: the hold is gone now.
+	// BROKER_SHUTDOWN and REPLICA_CUT_OFF only: how long the hold stays
+	// guaranteed from now, which is never past the end of the broker's
+	// drain (the broker releases holds nobody resumed then) nor past the
+	// session's last renewal's safe deadline. A client that resumes
+	// elsewhere may keep working until then; one that cannot must stop by
+	// then. Absent for other reasons: the hold is gone now.
 	GuaranteedFor *durationpb.Duration `protobuf:"bytes,3,opt,name=guaranteed_for,json=guaranteedFor,proto3" json:"guaranteed_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1596,7 +1606,7 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\vAcquireKind\x12\x1c\n" +
 	"\x18ACQUIRE_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11ACQUIRE_KIND_LOCK\x10\x01\x12\x1a\n" +
-	"\x16ACQUIRE_KIND_SEMAPHORE\x10\x02*\x97\x02\n" +
+	"\x16ACQUIRE_KIND_SEMAPHORE\x10\x02*\xb8\x02\n" +
 	"\n" +
 	"LostReason\x12\x1b\n" +
 	"\x17LOST_REASON_UNSPECIFIED\x10\x00\x12#\n" +
@@ -1606,7 +1616,8 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\x1aLOST_REASON_RENEWAL_FAILED\x10\x04\x12\x1e\n" +
 	"\x1aLOST_REASON_LIMIT_CONFLICT\x10\x05\x12\x1f\n" +
 	"\x1bLOST_REASON_BROKER_SHUTDOWN\x10\x06\x12!\n" +
-	"\x1dLOST_REASON_RESUMED_ELSEWHERE\x10\a2\xb2\x04\n" +
+	"\x1dLOST_REASON_RESUMED_ELSEWHERE\x10\a\x12\x1f\n" +
+	"\x1bLOST_REASON_REPLICA_CUT_OFF\x10\b2\xb2\x04\n" +
 	"\vLockService\x12J\n" +
 	"\aAcquire\x12\x1d.lockbroker.v1.AcquireRequest\x1a\x1e.lockbroker.v1.AcquireResponse0\x01\x12H\n" +
 	"\aRelease\x12\x1d.lockbroker.v1.ReleaseRequest\x1a\x1e.lockbroker.v1.ReleaseResponse\x12D\n" +

@@ -401,11 +401,12 @@ export declare type AcquireLost = Message<"lockbroker.v1.AcquireLost"> & {
   detail: string;
 
   /**
-   * BROKER_SHUTDOWN only: how long the hold stays guaranteed from now,
-   * which is never past the end of the broker's drain (the broker releases
-   * holds nobody resumed then). A client that resumes elsewhere may keep
-   * working until then; one that cannot must stop by then. Absent for
-   * other reasons: the hold is gone now.
+   * BROKER_SHUTDOWN and REPLICA_CUT_OFF only: how long the hold stays
+   * guaranteed from now, which is never past the end of the broker's
+   * drain (the broker releases holds nobody resumed then) nor past the
+   * session's last renewal's safe deadline. A client that resumes
+   * elsewhere may keep working until then; one that cannot must stop by
+   * then. Absent for other reasons: the hold is gone now.
    *
    * @generated from field: google.protobuf.Duration guaranteed_for = 3;
    */
@@ -829,6 +830,18 @@ export enum LostReason {
    * @generated from enum value: LOST_REASON_RESUMED_ELSEWHERE = 7;
    */
   RESUMED_ELSEWHERE = 7,
+
+  /**
+   * This replica is cut off from its Consul agent (no answer for 3 s; see
+   * ERROR_REASON_REPLICA_CUT_OFF), so it cannot renew the hold's
+   * broker-owned session: resume the hold on another replica with its
+   * sequencer before guaranteed_for runs out, as after BROKER_SHUTDOWN.
+   * The hold is not released: this replica keeps it until then (or until
+   * the stream is closed), and touches nothing once it was resumed.
+   *
+   * @generated from enum value: LOST_REASON_REPLICA_CUT_OFF = 8;
+   */
+  REPLICA_CUT_OFF = 8,
 }
 
 /**

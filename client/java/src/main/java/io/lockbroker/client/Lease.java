@@ -60,7 +60,7 @@ public final class Lease implements AutoCloseable {
   private State state = State.HELD;
   private AcquireCall current; // the stream that holds (or is resuming) the lease
   private AcquireCall stale; // a quiet stream left open until a resume succeeds
-  private boolean staleDraining; // stale's broker said BROKER_SHUTDOWN
+  private boolean staleDraining; // stale's broker said BROKER_SHUTDOWN or REPLICA_CUT_OFF
   private int replica;
   private int resumeTries;
   private long lastHeardNanos;
@@ -349,11 +349,11 @@ public final class Lease implements AutoCloseable {
         }
         break;
       case LOST:
-        if (r.getLost().getReason() == LostReason.LOST_REASON_BROKER_SHUTDOWN && state == State.HELD) {
+        if (movesAway(r.getLost().getReason()) && state == State.HELD) {
           startResume();
           staleDraining = true;
         } else if (state == State.RELEASING
-            && (r.getLost().getReason() == LostReason.LOST_REASON_BROKER_SHUTDOWN
+            && (movesAway(r.getLost().getReason())
                 || r.getLost().getReason() == LostReason.LOST_REASON_RESUMED_ELSEWHERE)) {
           finishReleased(); // closing the stream makes that broker release the hold
         } else { // also while releasing: the hold was lost before the release took effect
@@ -388,6 +388,7 @@ public final class Lease implements AutoCloseable {
       case LOST:
         switch (r.getLost().getReason()) {
           case LOST_REASON_BROKER_SHUTDOWN:
+          case LOST_REASON_REPLICA_CUT_OFF:
           case LOST_REASON_RESUMED_ELSEWHERE:
             break;
           default:
@@ -403,14 +404,25 @@ public final class Lease implements AutoCloseable {
     }
   }
 
+  /**
+   * Whether a `lost` of this reason ends the stream but not the hold: that
+   * broker drains, or is cut off from Consul, and keeps the hold until
+   * another replica resumes it (or until the stream ends).
+   */
+  private static boolean movesAway(LostReason reason) {
+    return reason == LostReason.LOST_REASON_BROKER_SHUTDOWN
+        || reason == LostReason.LOST_REASON_REPLICA_CUT_OFF;
+  }
+
   private void ended(AcquireCall call, Throwable error) {
     if (call == stale) {
       stale = null;
       if (staleDraining && state == State.RESUMING) {
-        // The drain is over: that broker released the hold unless it had
-        // moved. Safe side: report the loss now, not at the deadline.
+        // The drain (or the cut-off broker's last promise) is over: that
+        // broker released the hold unless it had moved. Safe side: report
+        // the loss now, not at the deadline.
         lose(LockLostException.fromClient(key(), LockLostException.KEEPALIVE_TIMEOUT,
-            "the draining broker ended the hold before another replica resumed it"));
+            "the draining (or cut-off) broker ended the hold before another replica resumed it"));
       }
       return;
     }

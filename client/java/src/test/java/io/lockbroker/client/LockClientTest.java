@@ -446,6 +446,40 @@ class LockClientTest {
     }
   }
 
+  /**
+   * A held lease whose replica is cut off from Consul (its link refuses) is
+   * told {@code lost: REPLICA_CUT_OFF} once the replica counts as cut off
+   * (no answer for 3 s), and resumes on the next replica, which renews the
+   * session: the lease outlives the TTL counted from the cut. Taken for a
+   * loss, it would end before that.
+   */
+  @Test
+  void cutOffReplicaMovesTheHold() throws Exception {
+    String key = Cluster.key("hold-cut-off");
+    String next = Cluster.get().broker().addr();
+    try (Link link = Link.open(Cluster.get().consul().httpAddr());
+        Broker a = Cluster.get().newBrokerVia("hold-cut-off", link.addr());
+        LockClient c = LockClient.builder().targets(a.addr(), next).build()) {
+      Lease l = c.lock(key, LockOptions.defaults().ttl(TTL).lockDelay(Duration.ZERO));
+      assertEquals(a.addr(), l.target());
+      long token = l.sequencer().getToken();
+      link.cut();
+      long cut = System.nanoTime();
+      waitFor(() -> l.resumeCount() > 0 || l.isLost(), TTL, "resume on the next replica");
+      Cluster.figure("held lease moved off a replica cut from Consul", (System.nanoTime() - cut) / 1e9);
+      assertFalse(l.isLost(), String.valueOf(l.lostCause()));
+      assertEquals(next, l.target());
+      long left = cut + TTL.plusSeconds(2).toNanos() - System.nanoTime();
+      if (left > 0) {
+        Thread.sleep(left / 1_000_000);
+      }
+      assertFalse(l.isLost(), String.valueOf(l.lostCause()));
+      assertEquals(token, l.sequencer().getToken());
+      assertTrue(c.checkSequencer(l.sequencer()), "the hold did not outlive the TTL from the cut");
+      l.release();
+    }
+  }
+
   @Test
   void stalledFirstTargetIsLeftForTheNext() throws Exception {
     String key = Cluster.key("stalled-first");
