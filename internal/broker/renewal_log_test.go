@@ -19,8 +19,10 @@ import (
 // TestRetriedRenewalFailuresAreLogged: while Consul cannot be reached,
 // every hold's renewals fail and are retried until its safe deadline. The
 // broker says so as they fail, at most one line a second for all of them,
-// each line with how many failures it left out; then each hold is lost
-// RENEWAL_FAILED.
+// each line with how many failures it left out. Each hold is told to
+// resume on another replica (REPLICA_CUT_OFF, with what is left of its
+// guarantee) once the replica counts as cut off, 3 s after the agent
+// stopped answering; its renewals go on meanwhile.
 func TestRetriedRenewalFailuresAreLogged(t *testing.T) {
 	agent, store := startStore(t, consulstore.Options{CallTimeout: time.Second})
 	core, logs := observer.New(zapcore.WarnLevel)
@@ -57,7 +59,8 @@ func TestRetriedRenewalFailuresAreLogged(t *testing.T) {
 	for range holds {
 		select {
 		case e := <-lost:
-			assert.Equal(t, broker.LostRenewalFailed, e.Reason, e.Detail)
+			assert.Equal(t, broker.LostReplicaCutOff, e.Reason, e.Detail)
+			assert.Positive(t, e.GuaranteedFor, "what is left of the guarantee")
 		case <-time.After(15 * time.Second):
 			t.Fatal("a hold was not lost after Consul stopped")
 		}

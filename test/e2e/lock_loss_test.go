@@ -116,55 +116,67 @@ func TestLockLostWhenTakenAwayInConsul(t *testing.T) {
 }
 
 // TestLockLostWhenConsulStops stops the Consul agent under a hold: the
-// broker cannot renew, and must report `lost` (RENEWAL_FAILED) before the
-// TTL of its last successful renewal runs out, and no later than the
-// guarantee its last keepalive gave.
+// replica cannot renew it, and once the agent has not answered for 3 s the
+// replica counts as cut off and says `lost` (REPLICA_CUT_OFF: resume on
+// another replica) with a guarantee that ends no later than its last
+// keepalive's and before the TTL of its last successful renewal runs out.
+// With no resume, the stream ends when that guarantee does.
 func TestLockLostWhenConsulStops(t *testing.T) {
 	const ttl = 10 * time.Second
 	agent := consultest.Start(t)
 	r := brokertest.Start(t, agent)
-	c := r.Locks(t)
-
-	s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: "outage/a", Session: lkSession(ttl, 0)})
-
-	// last is the newest guarantee: when it arrived and for how long.
-	var last struct {
-		at time.Time
-		gf time.Duration
-	}
-	a := s.acquired(5 * time.Second)
-	last.at, last.gf = time.Now(), a.GetGuaranteedFor().AsDuration()
-	require.LessOrEqual(t, last.gf, ttl)
-
-	// Wait for one renewal, so that the last success is a renewal and not
-	// the session's creation.
-	s.next(ttl, lkIsKeepalive)
-	last.at = time.Now()
+	s, last := holdThroughARenewal(t, r.Locks(t), "outage/a", ttl)
 	agent.Stop()
 	stopped := time.Now()
 
-	var lost *lockbrokerv1.AcquireLost
-	timeout := time.After(ttl + 5*time.Second)
-	for lost == nil {
-		select {
-		case ev, ok := <-s.events:
-			if !ok {
-				t.Fatalf("stream ended without lost: %v", s.end(time.Second))
-			}
-			now := time.Now()
-			switch {
-			case ev.GetKeepalive() != nil:
-				last.at, last.gf = now, ev.GetKeepalive().GetGuaranteedFor().AsDuration()
-				require.LessOrEqual(t, last.gf, ttl)
-			case ev.GetLost() != nil:
-				lost = ev.GetLost()
-			}
-		case <-timeout:
-			t.Fatalf("no lost within %s of stopping Consul", ttl+5*time.Second)
+	lost, lostAt := awaitLost(t, s, &last, ttl)
+	gf := lost.GetGuaranteedFor().AsDuration()
+	t.Logf("lost %s after Consul stopped, %s after the last keepalive (which guaranteed %s), guaranteed for %s more: %s",
+		lostAt.Sub(stopped).Round(time.Millisecond), lostAt.Sub(last.at).Round(time.Millisecond), last.gf.Round(time.Millisecond), gf.Round(time.Millisecond), lost.GetDetail())
+	assert.Equal(t, lockbrokerv1.LostReason_LOST_REASON_REPLICA_CUT_OFF, lost.GetReason())
+	assert.Less(t, lostAt.Sub(stopped), 6*time.Second, "3 s without an answer, probed every second")
+	assert.Positive(t, gf)
+	promised := lostAt.Add(gf)
+	assert.False(t, promised.After(last.at.Add(last.gf).Add(100*time.Millisecond)),
+		"guaranteed until %s, past the last keepalive's guarantee %s (+100ms)", promised.Format(time.StampMilli), last.at.Add(last.gf).Format(time.StampMilli))
+	assert.True(t, promised.Before(last.at.Add(ttl)), "guaranteed until %s, not before the last renewal's TTL ran out", promised.Format(time.StampMilli))
+	assert.ErrorIs(t, s.end(gf+5*time.Second), io.EOF)
+	endedAt := time.Now()
+	t.Logf("the stream ended %s after the guarantee ran out", endedAt.Sub(promised).Round(time.Millisecond))
+	assert.False(t, endedAt.Before(promised), "ended before the guarantee it gave ran out")
+	assert.Less(t, endedAt.Sub(promised), 3*time.Second, "and then ends")
+}
+
+// TestLockLostWhenConsulLosesQuorum: a Consul cluster without a leader
+// answers the replica (status/leader: no leader), so the replica is not
+// cut off, and no other replica could renew either; the renewals fail,
+// and the broker must report `lost` (RENEWAL_FAILED) before the TTL of
+// its last successful renewal runs out, and no later than the guarantee
+// its last keepalive gave.
+func TestLockLostWhenConsulLosesQuorum(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three Consul servers")
+	}
+	const ttl = 10 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cluster, err := consultest.StartCluster(ctx, consultest.ClusterConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Close() })
+	leader, err := cluster.WaitLeader(ctx)
+	require.NoError(t, err)
+	mine := (leader + 1) % cluster.Size()
+	r := brokertest.Start(t, nil, brokertest.WithConsulAddress(cluster.HTTPAddr(mine)))
+	s, last := holdThroughARenewal(t, r.Locks(t), "quorum/a", ttl)
+	for i := range cluster.Size() {
+		if i != mine {
+			require.NoError(t, cluster.Stop(i))
 		}
 	}
-	lostAt := time.Now()
-	t.Logf("lost %s after Consul stopped, %s after the last keepalive (which guaranteed %s): %s",
+	stopped := time.Now()
+
+	lost, lostAt := awaitLost(t, s, &last, ttl)
+	t.Logf("lost %s after the quorum was lost, %s after the last keepalive (which guaranteed %s): %s",
 		lostAt.Sub(stopped).Round(time.Millisecond), lostAt.Sub(last.at).Round(time.Millisecond), last.gf.Round(time.Millisecond), lost.GetDetail())
 	assert.Equal(t, lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, lost.GetReason())
 	assert.False(t, lostAt.After(last.at.Add(last.gf).Add(100*time.Millisecond)),
@@ -173,6 +185,50 @@ func TestLockLostWhenConsulStops(t *testing.T) {
 	// the latest its TTL can run out.
 	assert.True(t, lostAt.Before(last.at.Add(ttl)), "lost at %s, not before the last renewal's TTL ran out", lostAt.Format(time.StampMilli))
 	assert.ErrorIs(t, s.end(5*time.Second), io.EOF)
+	assert.Zero(t, r.Broker.CutOffAnswers(), "the agent answered: not cut off")
+}
+
+// guarantee is the newest guarantee a hold's stream gave: when it arrived
+// and for how long.
+type guarantee struct {
+	at time.Time
+	gf time.Duration
+}
+
+// holdThroughARenewal takes key and waits for one renewal, so that the
+// last success is a renewal and not the session's creation.
+func holdThroughARenewal(t *testing.T, c lockbrokerv1.LockServiceClient, key string, ttl time.Duration) (*stream, guarantee) {
+	t.Helper()
+	s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: lkSession(ttl, 0)})
+	a := s.acquired(5 * time.Second)
+	require.LessOrEqual(t, a.GetGuaranteedFor().AsDuration(), ttl)
+	k := s.next(ttl, lkIsKeepalive).GetKeepalive()
+	return s, guarantee{time.Now(), k.GetGuaranteedFor().AsDuration()}
+}
+
+// awaitLost reads s until `lost`, following its keepalives in last (none
+// guarantees more than ttl).
+func awaitLost(t *testing.T, s *stream, last *guarantee, ttl time.Duration) (*lockbrokerv1.AcquireLost, time.Time) {
+	t.Helper()
+	within := ttl + 5*time.Second
+	timeout := time.After(within)
+	for {
+		select {
+		case ev, ok := <-s.events:
+			if !ok {
+				t.Fatalf("stream ended without lost: %v", s.end(time.Second))
+			}
+			switch {
+			case ev.GetKeepalive() != nil:
+				last.at, last.gf = time.Now(), ev.GetKeepalive().GetGuaranteedFor().AsDuration()
+				require.LessOrEqual(t, last.gf, ttl)
+			case ev.GetLost() != nil:
+				return ev.GetLost(), time.Now()
+			}
+		case <-timeout:
+			t.Fatalf("no lost within %s", within)
+		}
+	}
 }
 
 // lkNextKeepalive waits until the lease's deadline moves (a keepalive
