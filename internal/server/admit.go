@@ -17,7 +17,8 @@ import (
 // REPLICA_CUT_OFF at once, and every client library takes it to another
 // replica, where its own Consul call would have waited for its timeout.
 // A unary call already running when the replica comes to count as cut off
-// ends the same way then. Health and reflection are never refused (health says NOT_SERVING).
+// ends the same way then. Health and reflection are never refused (health
+// says NOT_SERVING meanwhile).
 type cutOffGate struct {
 	b   *broker.Broker
 	log *zap.Logger
