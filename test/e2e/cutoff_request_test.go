@@ -158,6 +158,37 @@ func TestRequestOnCutOffReplica(t *testing.T) {
 // CONSUL_UNAVAILABLE, not REPLICA_CUT_OFF: every replica would fail it the
 // same way, and the Python and Node libraries do not move on it.
 func TestRequestWithoutConsulLeader(t *testing.T) {
+	q := startOnFollower(t)
+	locks := q.r.Locks(t)
+	sess, err := q.r.Sessions(t).CreateSession(lkCtx(t), &lockbrokerv1.CreateSessionRequest{})
+	require.NoError(t, err)
+	sid := sess.GetSession().GetId()
+	_, err = locks.TryAcquire(lkCtx(t), &lockbrokerv1.TryAcquireRequest{Key: "leaderless/warm", SessionId: sid})
+	require.NoError(t, err, "A grants while the cluster has a leader")
+
+	q.loseQuorum(t)
+	q.awaitNoLeader(t)
+
+	start := time.Now()
+	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer rcancel()
+	_, err = locks.TryAcquire(rctx, &lockbrokerv1.TryAcquireRequest{Key: "leaderless/try", SessionId: sid})
+	t.Logf("TryAcquire without a leader: %v after %s", err, time.Since(start).Round(time.Millisecond))
+	requireReason(t, err, codes.Unavailable, "CONSUL_UNAVAILABLE")
+	assert.Zero(t, q.r.Broker.CutOffAnswers())
+}
+
+// onFollower is a replica whose Consul agent is a follower of a
+// three-server cluster.
+type onFollower struct {
+	r       *brokertest.Replica
+	cluster *consultest.Cluster
+	mine    int // the server r uses
+}
+
+// startOnFollower starts the cluster and the replica (skipped with -short).
+func startOnFollower(t *testing.T) *onFollower {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts three Consul servers")
 	}
@@ -169,33 +200,29 @@ func TestRequestWithoutConsulLeader(t *testing.T) {
 	leader, err := cluster.WaitLeader(ctx)
 	require.NoError(t, err)
 	mine := (leader + 1) % cluster.Size()
-	a := brokertest.Start(t, nil, brokertest.WithConsulAddress(cluster.HTTPAddr(mine)))
-	locks := a.Locks(t)
-	sess, err := a.Sessions(t).CreateSession(lkCtx(t), &lockbrokerv1.CreateSessionRequest{})
-	require.NoError(t, err)
-	sid := sess.GetSession().GetId()
-	_, err = locks.TryAcquire(lkCtx(t), &lockbrokerv1.TryAcquireRequest{Key: "leaderless/warm", SessionId: sid})
-	require.NoError(t, err, "A grants while the cluster has a leader")
+	return &onFollower{r: brokertest.Start(t, nil, brokertest.WithConsulAddress(cluster.HTTPAddr(mine))), cluster: cluster, mine: mine}
+}
 
-	for i := range cluster.Size() {
-		if i != mine {
-			require.NoError(t, cluster.Stop(i))
+// loseQuorum stops the two other servers: the replica's server stays up,
+// and answers, without a leader.
+func (q *onFollower) loseQuorum(t *testing.T) {
+	t.Helper()
+	for i := range q.cluster.Size() {
+		if i != q.mine {
+			require.NoError(t, q.cluster.Stop(i))
 		}
 	}
-	mc, err := cluster.Client(mine)
+}
+
+// awaitNoLeader waits until the replica's server says it has no leader.
+func (q *onFollower) awaitNoLeader(t *testing.T) {
+	t.Helper()
+	mc, err := q.cluster.Client(q.mine)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		l, err := mc.Status().Leader()
 		return err == nil && l == ""
 	}, 30*time.Second, 100*time.Millisecond, "the last server answers, without a leader")
-
-	start := time.Now()
-	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer rcancel()
-	_, err = locks.TryAcquire(rctx, &lockbrokerv1.TryAcquireRequest{Key: "leaderless/try", SessionId: sid})
-	t.Logf("TryAcquire without a leader: %v after %s", err, time.Since(start).Round(time.Millisecond))
-	requireReason(t, err, codes.Unavailable, "CONSUL_UNAVAILABLE")
-	assert.Zero(t, a.Broker.CutOffAnswers())
 }
 
 // requireReason: err is a status of code with an ErrorInfo of reason.

@@ -154,25 +154,10 @@ func TestLockLostWhenConsulStops(t *testing.T) {
 // its last successful renewal runs out, and no later than the guarantee
 // its last keepalive gave.
 func TestLockLostWhenConsulLosesQuorum(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts three Consul servers")
-	}
 	const ttl = 10 * time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cluster, err := consultest.StartCluster(ctx, consultest.ClusterConfig{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cluster.Close() })
-	leader, err := cluster.WaitLeader(ctx)
-	require.NoError(t, err)
-	mine := (leader + 1) % cluster.Size()
-	r := brokertest.Start(t, nil, brokertest.WithConsulAddress(cluster.HTTPAddr(mine)))
-	s, last := holdThroughARenewal(t, r.Locks(t), "quorum/a", ttl)
-	for i := range cluster.Size() {
-		if i != mine {
-			require.NoError(t, cluster.Stop(i))
-		}
-	}
+	q := startOnFollower(t)
+	s, last := holdThroughARenewal(t, q.r.Locks(t), "quorum/a", ttl)
+	q.loseQuorum(t)
 	stopped := time.Now()
 
 	lost, lostAt := awaitLost(t, s, &last, ttl)
@@ -185,7 +170,7 @@ func TestLockLostWhenConsulLosesQuorum(t *testing.T) {
 	// the latest its TTL can run out.
 	assert.True(t, lostAt.Before(last.at.Add(ttl)), "lost at %s, not before the last renewal's TTL ran out", lostAt.Format(time.StampMilli))
 	assert.ErrorIs(t, s.end(5*time.Second), io.EOF)
-	assert.Zero(t, r.Broker.CutOffAnswers(), "the agent answered: not cut off")
+	assert.Zero(t, q.r.Broker.CutOffAnswers(), "the agent answered: not cut off")
 }
 
 // guarantee is the newest guarantee a hold's stream gave: when it arrived

@@ -211,11 +211,8 @@ test("rolling restart: SIGTERM of the holding replica moves the hold (BROKER_SHU
 // CONSUL_UNAVAILABLE, which also means Consul itself is down, the library
 // would throw instead.
 test("a replica cut off from Consul: lock() takes the next replica", () =>
-  using(async (make) => {
-    const link = await Link.open(cluster.consul.addr);
-    const a = await cluster.broker("cut-a", [], link.addr);
-    const b = await cluster.broker("cut-b");
-    try {
+  using(async (make) =>
+    oneBehindLink("cut", async (link, a, b) => {
       link.cut();
       await assert.rejects(make(a.addr).getLock(key("cut")), (err) => {
         assert.ok(err instanceof UnavailableError, String(err));
@@ -232,12 +229,7 @@ test("a replica cut off from Consul: lock() takes the next replica", () =>
       const st = await c.getLock(lease.key);
       assert.deepEqual(st.holders.map((h) => h.sessionId), [lease.sessionId]);
       assert.equal(await lease.release(), true);
-    } finally {
-      link.cut();
-      await a.stop();
-      await b.stop();
-    }
-  }));
+    })));
 
 test("a replica cut off from Consul: a held lease moves to the next replica (lost: REPLICA_CUT_OFF)", () =>
   using(async (make) => {
@@ -245,10 +237,7 @@ test("a replica cut off from Consul: a held lease moves to the next replica (los
     // holds to resume elsewhere; the next replica renews the session, so the
     // lease outlives the TTL counted from the cut, with the same token.
     // Taken for a loss, it would end before that.
-    const link = await Link.open(cluster.consul.addr);
-    const a = await cluster.broker("hold-cut-a", [], link.addr);
-    const b = await cluster.broker("hold-cut-b");
-    try {
+    return oneBehindLink("hold-cut", async (link, a, b) => {
       const c = make(a.addr, { targets: [b.addr] });
       const ttl = 10;
       const lease = await c.lock(key("hold-cut"), { ttl, lockDelay: 0 });
@@ -265,12 +254,26 @@ test("a replica cut off from Consul: a held lease moves to the next replica (los
       const st = await c.getLock(lease.key); // A refuses it (cut off): B answers
       assert.deepEqual(st.holders.map((h) => [h.sessionId, h.token]), [[lease.sessionId, token]]);
       assert.equal(await lease.release(), true);
+    });
+  }));
+
+// oneBehindLink runs fn(link, a, b) with two replicas: A reaches the Consul
+// agent through link (to cut), B directly; then cuts the link and stops both.
+async function oneBehindLink(name, fn) {
+  const link = await Link.open(cluster.consul.addr);
+  const a = await cluster.broker(`${name}-a`, [], link.addr);
+  try {
+    const b = await cluster.broker(`${name}-b`);
+    try {
+      await fn(link, a, b);
     } finally {
-      link.cut();
-      await a.stop();
       await b.stop();
     }
-  }));
+  } finally {
+    link.cut();
+    await a.stop();
+  }
+}
 
 test("a stalled replica (SIGSTOP) with another configured: the hold moves before the deadline", () =>
   using(async (make) => {

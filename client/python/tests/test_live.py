@@ -3,6 +3,7 @@ replicas): what the conformance scenarios do not cover. Calls the broker
 does not implement yet skip with a message."""
 
 import asyncio
+import contextlib
 import queue
 import signal
 import threading
@@ -210,12 +211,7 @@ def test_lock_moves_off_a_replica_cut_from_consul(cluster, key):
     lock on the next replica at once; a get_lock() moves too. With
     CONSUL_UNAVAILABLE, which also means Consul itself is down, the library
     would raise instead."""
-    import cluster as cluster_mod
-
-    link = cluster_mod.Link(cluster.consul.addr)
-    a = cluster.broker("cut-a", consul_addr=link.addr)
-    b = cluster.broker("cut-b")
-    try:
+    with one_behind_link(cluster, "cut") as (link, a, b):
         link.cut()
         with lockbroker.Client(a.addr) as only_a:
             with pytest.raises(lockbroker.Unavailable) as e:
@@ -229,10 +225,6 @@ def test_lock_moves_off_a_replica_cut_from_consul(cluster, key):
                 assert lease.target == b.addr
                 assert took < 5, took
                 assert c.get_lock(key).holders[0].session_id == lease.session_id
-    finally:
-        link.cut()
-        a.stop()
-        b.stop()
 
 
 def test_hold_moves_off_a_replica_cut_from_consul(cluster, key):
@@ -243,13 +235,8 @@ def test_hold_moves_off_a_replica_cut_from_consul(cluster, key):
     with the same token. Taken for a loss, it would end before that; the
     cut-off replica went on sending keepalives, so nothing else moved it.
     The sync and the asyncio clients alike."""
-    import cluster as cluster_mod
 
-    link = cluster_mod.Link(cluster.consul.addr)
-    a = cluster.broker("hold-cut-a", consul_addr=link.addr)
-    b = cluster.broker("hold-cut-b")
-
-    async def main():
+    async def main(link, a, b):
         with lockbroker.Client(a.addr, targets=[b.addr]) as c:
             async with aio.Client(a.addr, targets=[b.addr]) as ac:
                 lease = c.lock(key, **LEASE)
@@ -273,12 +260,27 @@ def test_hold_moves_off_a_replica_cut_from_consul(cluster, key):
                 assert lease.release() is True
                 assert await alease.release() is True
 
+    with one_behind_link(cluster, "hold-cut") as replicas:
+        asyncio.run(asyncio.wait_for(main(*replicas), 60))
+
+
+@contextlib.contextmanager
+def one_behind_link(cluster, name):
+    """Two replicas: A reaches the Consul agent through a Link (to cut), B
+    directly. Yields (link, a, b); cuts the link and stops both after."""
+    import cluster as cluster_mod
+
+    link = cluster_mod.Link(cluster.consul.addr)
+    a = cluster.broker(name + "-a", consul_addr=link.addr)
     try:
-        asyncio.run(asyncio.wait_for(main(), 60))
+        b = cluster.broker(name + "-b")
+        try:
+            yield link, a, b
+        finally:
+            b.stop()
     finally:
         link.cut()
         a.stop()
-        b.stop()
 
 
 def test_stalled_waiter_is_moved_to_another(cluster, key):
