@@ -128,8 +128,9 @@ func WithKeepalive(idle, timeout time.Duration) Option {
 // debug when OK, otherwise at info and above), recovery (INTERNAL, panic
 // logged), access (identity, tenant prefixes, quotas, audit log; see
 // WithTenants), validation (INVALID_ARGUMENT with details) and cut-off
-// (REPLICA_CUT_OFF while the replica cannot reach Consul) interceptors, server keepalive and its enforcement policy, the three
-// services, health and reflection.
+// (REPLICA_CUT_OFF while the replica cannot reach Consul) interceptors,
+// server keepalive and its enforcement policy, the three services, health
+// and reflection.
 func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Server, error) {
 	o := options{keepaliveTime: DefaultKeepaliveTime, keepaliveTimeout: DefaultKeepaliveTimeout, workers: streamWorkers()}
 	for _, opt := range opts {

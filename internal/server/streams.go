@@ -48,8 +48,8 @@ func (s *streams) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 
 // callStream is the stream a handler gets: it counts the messages, lets
 // the first request in only if access does, then validates it and refuses
-// it while the replica is cut off from Consul, and
-// carries the caller's tenant in its context.
+// it while the replica is cut off from Consul, and carries the caller's
+// tenant in its context.
 type callStream struct {
 	grpc.ServerStream
 	ctx      context.Context // with the tenant (see access.admitCall)

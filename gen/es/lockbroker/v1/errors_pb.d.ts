@@ -193,11 +193,12 @@ export enum ErrorReason {
    * agent every second; once no probe has been answered for 3 s, a
    * waiting request or a watch ends with it (see Acquire and Watch), a
    * unary call on its way ends with it, and every new request is refused
-   * with it at once, until a probe is answered again. A request whose Consul call failed before that gets
-   * it instead of CONSUL_UNAVAILABLE when the agent does not answer a
-   * probe within 1 s either (its link broken, the agent stopped or
-   * without servers). Unlike CONSUL_UNAVAILABLE, the client libraries go
-   * to another replica at once.
+   * with it at once, until a probe is answered again (a held hold gets
+   * `lost` with LOST_REASON_REPLICA_CUT_OFF). A request whose Consul call
+   * failed before that gets it instead of CONSUL_UNAVAILABLE when the
+   * agent does not answer a probe within 1 s either (its link broken, the
+   * agent stopped or without servers). Unlike CONSUL_UNAVAILABLE, the
+   * client libraries go to another replica at once.
    *
    * @generated from enum value: ERROR_REASON_REPLICA_CUT_OFF = 20;
    */

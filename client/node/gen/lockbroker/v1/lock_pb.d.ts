@@ -882,7 +882,10 @@ export declare const LockService: GenService<{
    * REPLICA_CUT_OFF) when this replica's Consul agent has not answered
    * for 3 s: the key may be free, and another replica can grant it. An
    * agent that answers without a cluster leader (an election) does not end
-   * waits: no replica could grant meanwhile.
+   * waits: no replica could grant meanwhile. A hold of a broker-owned
+   * session on such a replica gets `lost` (REPLICA_CUT_OFF) with what is
+   * left of its guarantee: resume it on another replica, which can renew
+   * the session.
    *
    * Cancelling the stream releases a hold whose session the broker created
    * at once. A stream that ends because its connection was lost (reset,
