@@ -232,9 +232,8 @@ def test_hold_moves_off_a_replica_cut_from_consul(cluster, key):
     is told `lost: REPLICA_CUT_OFF` once the replica counts as cut off (no
     answer for 3 s), and resumes on the next replica, which renews the
     session: the lease outlives the session's TTL counted from the cut,
-    with the same token. Taken for a loss, it would end before that; the
-    cut-off replica went on sending keepalives, so nothing else moved it.
-    The sync and the asyncio clients alike."""
+    with the same token. Taken for a loss, it would end before that. The
+    sync and the asyncio clients alike."""
 
     async def main(link, a, b):
         with lockbroker.Client(a.addr, targets=[b.addr]) as c:
