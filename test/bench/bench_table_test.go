@@ -73,6 +73,8 @@ func TestBenchTable(t *testing.T) {
 
 	// Uncontended cycles on one key each.
 	fl := e.newFloor()
+	hp := startHop(t, e.agent.HTTPAddr())
+	e.hopPid = hp.pid
 	unc := interleaved(*tableCycles,
 		func(n int) *run {
 			return e.sequential(n, false, func(int) error { return apiLockCycle(e.ac, "bench/unc/api") })
@@ -95,8 +97,14 @@ func TestBenchTable(t *testing.T) {
 		},
 		func(n int) *run {
 			return e.sequential(n, true, func(int) error { return e.bd.libCycle("bench/unc/lib") })
+		},
+		func(n int) *run {
+			return e.sequential(n, false, func(int) error { return hp.bd.cycle("bench/unc/hop", 0) })
+		},
+		func(n int) *run {
+			return e.sequential(n, false, func(int) error { return hp.check() })
 		})
-	apiUnc, flUnc, brUnc, libUnc := unc[0], unc[1], unc[2], unc[3]
+	apiUnc, flUnc, brUnc, libUnc, hopUnc, hopRTT := unc[0], unc[1], unc[2], unc[3], unc[4], unc[5]
 
 	// The same cycle as a tenant of a shared broker, against api.Lock.
 	var apiTen, brTen *run
@@ -178,6 +186,8 @@ func TestBenchTable(t *testing.T) {
 	if brTen != nil {
 		lat(fmt.Sprintf("uncontended cycle, shared broker's tenant, p50 ms (n=%d)", *tableCycles), &brTen.lat, &apiTen.lat, &flUnc.lat, 0.5, "")
 	}
+	lat(fmt.Sprintf("uncontended cycle, hop floor (a relay), p50 ms (n=%d)", *tableCycles), &hopUnc.lat, &apiUnc.lat, &flUnc.lat, 0.5, "")
+	tb.add(fmt.Sprintf("gRPC round trip alone (relay's health), p50 ms (n=%d)", *tableCycles), fmtMs(hopRTT.lat.p50()), "-", "-", "-", "-", "")
 	lat(fmt.Sprintf("hand-off p50 ms (n=%d)", *tableHandoffs), &brHo.lat, &apiHo.lat, nil, 0.5, "≤1.0× api")
 	lat("hand-off p99 ms", &brHo.lat, &apiHo.lat, nil, 0.99, "")
 	lat("hand-off: Release / Unlock call alone p50 ms", &brHo.part, &apiHo.part, nil, 0.5, "")
@@ -221,6 +231,9 @@ func TestBenchTable(t *testing.T) {
 	costRow("uncontended: api.Lock", apiUnc)
 	costRow("uncontended: floor", flUnc)
 	costRow("uncontended: broker, Go client library", libUnc)
+	cost.add("uncontended: hop floor (relay's CPU in broker)", strconv.Itoa(hopUnc.n), fmtMs(hopUnc.lat.p50()), fmtMs(hopUnc.lat.p99()), "-", "-",
+		fmt.Sprintf("%.3f", hopUnc.perCycle(hopUnc.cpu.Seconds())*1000), fmt.Sprintf("%.3f", hopUnc.perCycle(hopUnc.hopCPU.Seconds())*1000),
+		fmt.Sprintf("%.3f", hopUnc.perCycle(hopUnc.consulCPU.Seconds())*1000), "-")
 	if brTen != nil {
 		costRow("uncontended, tenant: broker", brTen)
 		costRow("uncontended, tenant: api.Lock", apiTen)
@@ -259,6 +272,12 @@ func TestBenchTable(t *testing.T) {
 		out.WriteString("# allocs: runtime.MemStats.Mallocs of the whole process (broker + client side for broker rows) per cycle.\n")
 	}
 	out.WriteString("# ratios: broker/anchor; for latencies lower is better, for cycles/s higher is better.\n")
+	out.WriteString("# hop floor: the broker row's client and cycle against a relay in a process of its own that serves Acquire and\n")
+	out.WriteString("#   Release with only the floor's two KV writes (one session kept; no validation, records, fencing, renewal or\n")
+	out.WriteString("#   logging): the least any process between client and Consul costs here. The round-trip row is a health\n")
+	out.WriteString("#   Check to the same relay over the same kind of connection.\n")
+	fmt.Fprintf(&out, "#   broker - hop floor = %s ms per cycle (the broker's own cost); hop floor - floor = %s ms (the hop's).\n",
+		fmtMs(brUnc.lat.p50()-hopUnc.lat.p50()), fmtMs(hopUnc.lat.p50()-flUnc.lat.p50()))
 	if brTen != nil {
 		out.WriteString("# tenant rows: a second broker binary on the same agent with --tenants (one tenant, prefix bench/), called with\n")
 		out.WriteString("#   the tenant's bearer token (loopback plaintext), interleaved with api.Lock cycles of their own.\n")
@@ -279,6 +298,7 @@ func TestBenchTable(t *testing.T) {
 		r    *run
 	}{
 		{"uncontended broker", brUnc}, {"uncontended api.Lock", apiUnc}, {"uncontended floor", flUnc}, {"uncontended Go client library", libUnc},
+		{"uncontended hop floor", hopUnc}, {"gRPC round trip", hopRTT},
 		{"uncontended tenant broker", brTen}, {"uncontended tenant api.Lock", apiTen},
 		{"hand-off broker", brHo}, {"hand-off api.Lock", apiHo},
 		{"16 clients broker", par[16][2]}, {"16 clients api.Lock", par[16][0]}, {"16 clients floor", par[16][1]},
@@ -308,6 +328,7 @@ type env struct {
 	// before every run.
 	anchorTr *http.Transport
 	pid      int
+	hopPid   int // the hop floor's relay process, once started
 
 	floorAcq, floorRel latencies // parts of the uncontended floor cycle
 	streamErrs         *run
@@ -388,6 +409,7 @@ type run struct {
 	elapsed   time.Duration
 	cpu       time.Duration // this process: the client (and with -table.inprocess, the broker)
 	brokerCPU time.Duration // the broker process (broker rows, not -table.inprocess)
+	hopCPU    time.Duration // the hop floor's relay process
 	consulCPU time.Duration
 	allocs    uint64 // this process, plus the broker process's for broker rows
 	calls     map[string]uint64
@@ -427,6 +449,7 @@ func (r *run) merge(o *run) {
 	r.elapsed += o.elapsed
 	r.cpu += o.cpu
 	r.brokerCPU += o.brokerCPU
+	r.hopCPU += o.hopCPU
 	r.consulCPU += o.consulCPU
 	r.allocs += o.allocs
 	for k, v := range o.calls {
@@ -505,11 +528,19 @@ func (e *env) measure(r *run, broker bool, body func()) {
 		}
 		bc0 = proc.cpu()
 	}
+	var h0 time.Duration
+	if e.hopPid != 0 {
+		_, h0 = statOf(e.hopPid)
+	}
 	c0, k0, m0 := processCPU(), e.consulCPU(), mallocs()
 	t0 := time.Now()
 	body()
 	r.elapsed = time.Since(t0)
 	r.cpu, r.consulCPU, r.allocs = processCPU()-c0, e.consulCPU()-k0, mallocs()-m0
+	if e.hopPid != 0 {
+		_, h1 := statOf(e.hopPid)
+		r.hopCPU = h1 - h0
+	}
 	if proc != nil {
 		r.brokerCPU = proc.cpu() - bc0
 		bm1, err := proc.mallocs()
