@@ -121,8 +121,10 @@ func TestBenchTable(t *testing.T) {
 	}
 
 	// Hand-off.
-	ho := interleaved(*tableHandoffs, e.apiHandoff, e.brokerHandoff)
-	apiHo, brHo := ho[0], ho[1]
+	ho := interleaved(*tableHandoffs, e.apiHandoff,
+		func(n int) *run { return e.brokerHandoff(e.bd, true, "broker", n) },
+		func(n int) *run { return e.brokerHandoff(hp.bd, false, "hop", n) })
+	apiHo, brHo, hopHo := ho[0], ho[1], ho[2]
 
 	// Parallel clients on distinct keys.
 	par := map[int][3]*run{}
@@ -191,6 +193,7 @@ func TestBenchTable(t *testing.T) {
 	lat(fmt.Sprintf("hand-off p50 ms (n=%d)", *tableHandoffs), &brHo.lat, &apiHo.lat, nil, 0.5, "≤1.0× api")
 	lat("hand-off p99 ms", &brHo.lat, &apiHo.lat, nil, 0.99, "")
 	lat("hand-off: Release / Unlock call alone p50 ms", &brHo.part, &apiHo.part, nil, 0.5, "")
+	lat(fmt.Sprintf("hand-off, hop floor (a relay), p50 ms (n=%d)", *tableHandoffs), &hopHo.lat, &apiHo.lat, nil, 0.5, "")
 	for _, clients := range []int{16, 64} {
 		rs := par[clients]
 		target := ""
@@ -274,8 +277,9 @@ func TestBenchTable(t *testing.T) {
 	out.WriteString("# ratios: broker/anchor; for latencies lower is better, for cycles/s higher is better.\n")
 	out.WriteString("# hop floor: the broker row's client and cycle against a relay in a process of its own that serves Acquire and\n")
 	out.WriteString("#   Release with only the floor's two KV writes (one session kept; no validation, records, fencing, renewal or\n")
-	out.WriteString("#   logging): the least any process between client and Consul costs here. The round-trip row is a health\n")
-	out.WriteString("#   Check to the same relay over the same kind of connection.\n")
+	out.WriteString("#   logging): the least any process between client and Consul costs here. Its hand-off queues the waiter and\n")
+	out.WriteString("#   hands the key over in one transaction (unlock, lock with the waiter's session), as the broker's does, with no\n")
+	out.WriteString("#   records or checks. The round-trip row is a health Check to the same relay over the same kind of connection.\n")
 	fmt.Fprintf(&out, "#   broker - hop floor = %s ms per cycle (the broker's own cost); hop floor - floor = %s ms (the hop's).\n",
 		fmtMs(brUnc.lat.p50()-hopUnc.lat.p50()), fmtMs(hopUnc.lat.p50()-flUnc.lat.p50()))
 	if brTen != nil {
@@ -300,7 +304,7 @@ func TestBenchTable(t *testing.T) {
 		{"uncontended broker", brUnc}, {"uncontended api.Lock", apiUnc}, {"uncontended floor", flUnc}, {"uncontended Go client library", libUnc},
 		{"uncontended hop floor", hopUnc}, {"gRPC round trip", hopRTT},
 		{"uncontended tenant broker", brTen}, {"uncontended tenant api.Lock", apiTen},
-		{"hand-off broker", brHo}, {"hand-off api.Lock", apiHo},
+		{"hand-off broker", brHo}, {"hand-off api.Lock", apiHo}, {"hand-off hop floor", hopHo},
 		{"16 clients broker", par[16][2]}, {"16 clients api.Lock", par[16][0]}, {"16 clients floor", par[16][1]},
 		{"64 clients broker", par[64][2]}, {"64 clients api.Lock", par[64][0]}, {"64 clients floor", par[64][1]},
 		{"semaphore broker", brSem}, {"semaphore api.Semaphore", apiSem},
@@ -657,12 +661,14 @@ func (e *env) newFloor() *floor {
 	return f
 }
 
-// brokerHandoff measures Release → the queued waiter's `acquired`.
-func (e *env) brokerHandoff(n int) *run {
+// brokerHandoff measures Release → the queued waiter's `acquired` through
+// bd: the broker (broker true: its process's figures are read) or the hop
+// floor's relay; name keeps their keys apart.
+func (e *env) brokerHandoff(bd brokerDriver, broker bool, name string, n int) *run {
 	r := &run{}
 	gen := 0
-	key := func() string { return fmt.Sprintf("bench/handoff/broker/%d", gen) }
-	holder, err := e.bd.acquire(key(), 0)
+	key := func() string { return fmt.Sprintf("bench/handoff/%s/%d", name, gen) }
+	holder, err := bd.acquire(key(), 0)
 	if err != nil {
 		e.t.Fatalf("hand-off holder: %v", err)
 	}
@@ -673,16 +679,16 @@ func (e *env) brokerHandoff(n int) *run {
 			w.cancel()
 		}
 		gen++
-		if holder, err = e.bd.acquire(key(), 0); err != nil {
+		if holder, err = bd.acquire(key(), 0); err != nil {
 			e.t.Fatalf("hand-off holder: %v", err)
 		}
 	}
-	e.measure(r, true, func() {
+	e.measure(r, broker, func() {
 		for range n {
 			if r.failed() {
 				return
 			}
-			w, err := e.bd.open(key(), 0)
+			w, err := bd.open(key(), 0)
 			if err != nil {
 				fail(err, nil)
 				continue
@@ -701,7 +707,7 @@ func (e *env) brokerHandoff(n int) *run {
 			}()
 			time.Sleep(*handoffSettle)
 			t0 := time.Now()
-			if err := e.bd.release(holder); err != nil {
+			if err := bd.release(holder); err != nil {
 				fail(err, w) // ends the waiter's read too
 				<-got
 				continue
@@ -722,7 +728,7 @@ func (e *env) brokerHandoff(n int) *run {
 			holder = w
 		}
 	})
-	if err := e.bd.releaseAndWait(holder); err != nil {
+	if err := bd.releaseAndWait(holder); err != nil {
 		r.errs.add(err)
 	}
 	return r

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -47,14 +48,32 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// hop is the relay's LockService: Acquire and Release only.
+// hop is the relay's LockService: Acquire and Release only, for locks.
+// A busy key queues its Acquire; a Release with a waiter hands the key
+// over in one transaction (unlock, and lock with the waiter's session),
+// as the broker's hand-off does, but with no records or checks. Two
+// sessions, kept for the relay's life, take turns: a waiter takes the one
+// its holder does not have.
 type hop struct {
 	lockbrokerv1.UnimplementedLockServiceServer
-	kv      *api.KV
-	session string
+	c        *api.Client
+	sessions [2]string
 
-	mu   sync.Mutex
-	held map[string]chan struct{} // key → closed by its Release
+	mu    sync.Mutex
+	locks map[string]*hopLock
+}
+
+// hopLock is a key the relay holds or is taking, and its waiters in order.
+type hopLock struct {
+	holder  string        // the holding (or acquiring) session
+	done    chan struct{} // closed when the holder's hold ends by Release
+	waiters []*hopWaiter
+}
+
+type hopWaiter struct {
+	session string
+	granted chan struct{} // closed when the key is handed over
+	done    chan struct{}
 }
 
 // serveHop runs the relay on a loopback port until stdin closes (the
@@ -64,17 +83,21 @@ func serveHop(consulAddr string) error {
 	if err != nil {
 		return err
 	}
-	id, _, err := c.Session().Create(&api.SessionEntry{TTL: "600s", Behavior: api.SessionBehaviorRelease}, nil)
-	if err != nil {
-		return err
+	h := &hop{c: c, locks: map[string]*hopLock{}}
+	for i := range h.sessions {
+		id, _, err := c.Session().Create(&api.SessionEntry{TTL: "600s", Behavior: api.SessionBehaviorRelease}, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _, _ = c.Session().Destroy(id, nil) }()
+		h.sessions[i] = id
 	}
-	defer func() { _, _ = c.Session().Destroy(id, nil) }()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
 	s := grpc.NewServer()
-	lockbrokerv1.RegisterLockServiceServer(s, &hop{kv: c.KV(), session: id, held: map[string]chan struct{}{}})
+	lockbrokerv1.RegisterLockServiceServer(s, h)
 	healthpb.RegisterHealthServer(s, health.NewServer())
 	go func() { _ = s.Serve(lis) }()
 	fmt.Printf("HOP %s\n", lis.Addr())
@@ -86,62 +109,112 @@ func serveHop(consulAddr string) error {
 func (h *hop) Acquire(req *lockbrokerv1.AcquireRequest, stream lockbrokerv1.LockService_AcquireServer) error {
 	ctx := stream.Context()
 	key := req.GetKey()
-	done := make(chan struct{})
 	h.mu.Lock()
-	if _, busy := h.held[key]; busy {
+	l := h.locks[key]
+	if l != nil {
+		// Busy: queue, and wait for the hand-off.
+		other := h.sessions[0]
+		if l.holder == other {
+			other = h.sessions[1]
+		}
+		w := &hopWaiter{session: other, granted: make(chan struct{}), done: make(chan struct{})}
+		l.waiters = append(l.waiters, w)
 		h.mu.Unlock()
-		return status.Error(codes.Aborted, "held")
+		if err := stream.Send(&lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Queued{Queued: &lockbrokerv1.AcquireQueued{}}}); err != nil {
+			return err
+		}
+		select {
+		case <-w.granted:
+			return h.hold(stream, key, w.session, w.done)
+		case <-ctx.Done():
+			h.mu.Lock()
+			select {
+			case <-w.granted: // handed over meanwhile: this stream holds it
+				h.mu.Unlock()
+				return h.hold(stream, key, w.session, w.done)
+			default:
+				l.waiters = slices.DeleteFunc(l.waiters, func(x *hopWaiter) bool { return x == w })
+				h.mu.Unlock()
+				return ctx.Err()
+			}
+		}
 	}
-	h.held[key] = done
+	l = &hopLock{holder: h.sessions[0], done: make(chan struct{})}
+	h.locks[key] = l
 	h.mu.Unlock()
 	wctx, cancel := context.WithTimeout(ctx, opTimeout)
-	ok, _, err := h.kv.Acquire(&api.KVPair{Key: key, Session: h.session, Flags: api.LockFlagValue}, (&api.WriteOptions{}).WithContext(wctx))
+	ok, _, err := h.c.KV().Acquire(&api.KVPair{Key: key, Session: l.holder, Flags: api.LockFlagValue}, (&api.WriteOptions{}).WithContext(wctx))
 	cancel()
 	if err != nil || !ok {
-		h.forget(key)
+		h.mu.Lock()
+		delete(h.locks, key) // waiters that came meanwhile wait for their own ends
+		h.mu.Unlock()
 		return status.Errorf(codes.Aborted, "acquire %s: %v %v", key, ok, err)
 	}
-	err = stream.Send(&lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Acquired{Acquired: &lockbrokerv1.AcquireAcquired{
-		Sequencer: &lockbrokerv1.Sequencer{Key: key, SessionId: h.session, Token: 1}}}})
-	if err != nil {
-		h.release(key)
-		return err
+	return h.hold(stream, key, l.holder, l.done)
+}
+
+// hold announces the grant and keeps the stream until the hold's Release
+// (then `released`) or the client's going away (then the key is released
+// or handed on, as by a Release).
+func (h *hop) hold(stream lockbrokerv1.LockService_AcquireServer, key, session string, done chan struct{}) error {
+	err := stream.Send(&lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Acquired{Acquired: &lockbrokerv1.AcquireAcquired{
+		Sequencer: &lockbrokerv1.Sequencer{Key: key, SessionId: session, Token: 1}}}})
+	if err == nil {
+		select {
+		case <-done:
+			return stream.Send(&lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Released{Released: &lockbrokerv1.AcquireReleased{}}})
+		case <-stream.Context().Done():
+			err = stream.Context().Err()
+		}
 	}
-	select {
-	case <-done:
-		return stream.Send(&lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Released{Released: &lockbrokerv1.AcquireReleased{}}})
-	case <-ctx.Done():
-		h.release(key)
-		return ctx.Err()
-	}
+	_ = h.release(context.Background(), key, session, done)
+	return err
 }
 
 func (h *hop) Release(ctx context.Context, req *lockbrokerv1.ReleaseRequest) (*lockbrokerv1.ReleaseResponse, error) {
-	wctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	ok, _, err := h.kv.Release(&api.KVPair{Key: req.GetKey(), Session: h.session, Flags: api.LockFlagValue}, (&api.WriteOptions{}).WithContext(wctx))
-	if err != nil || !ok {
-		return nil, status.Errorf(codes.Aborted, "release %s: %v %v", req.GetKey(), ok, err)
-	}
-	if done := h.forget(req.GetKey()); done != nil {
-		close(done)
+	if err := h.release(ctx, req.GetKey(), req.GetSessionId(), nil); err != nil {
+		return nil, status.Errorf(codes.Aborted, "release %s: %v", req.GetKey(), err)
 	}
 	return &lockbrokerv1.ReleaseResponse{Released: true}, nil
 }
 
-// release is a stream's own release when its client went away.
-func (h *hop) release(key string) {
-	if h.forget(key) != nil {
-		_, _, _ = h.kv.Release(&api.KVPair{Key: key, Session: h.session, Flags: api.LockFlagValue}, nil)
-	}
-}
-
-func (h *hop) forget(key string) chan struct{} {
+// release ends session's hold of key: it hands the key to the first waiter
+// in one transaction, or releases it. A session that does not hold key
+// (its hold ended already) changes nothing, nor does a stream's own
+// release (done not nil) once its hold has ended.
+func (h *hop) release(ctx context.Context, key, session string, done chan struct{}) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	done := h.held[key]
-	delete(h.held, key)
-	return done
+	defer h.mu.Unlock() // one release or hand-off at a time: enough for a bench
+	l := h.locks[key]
+	if l == nil || l.holder != session || (done != nil && l.done != done) {
+		return nil
+	}
+	opts := (&api.QueryOptions{}).WithContext(ctx)
+	if len(l.waiters) == 0 {
+		ok, _, err := h.c.KV().Release(&api.KVPair{Key: key, Session: session, Flags: api.LockFlagValue}, (&api.WriteOptions{}).WithContext(ctx))
+		if err != nil || !ok {
+			return fmt.Errorf("kv release: %v %v", ok, err)
+		}
+		delete(h.locks, key)
+		close(l.done)
+		return nil
+	}
+	w := l.waiters[0]
+	ok, _, _, err := h.c.Txn().Txn(api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: session}},
+		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: key, Flags: api.LockFlagValue, Session: w.session}},
+	}, opts)
+	if err != nil || !ok {
+		return fmt.Errorf("hand-off txn: %v %v", ok, err)
+	}
+	l.waiters = l.waiters[1:]
+	close(l.done)
+	l.holder, l.done = w.session, w.done
+	close(w.granted)
+	return nil
 }
 
 // hopProcess is the relay running as a child of this test binary.
