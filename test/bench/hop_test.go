@@ -52,8 +52,8 @@ func TestMain(m *testing.M) {
 // A busy key queues its Acquire; a Release with a waiter hands the key
 // over in one transaction (unlock, and lock with the waiter's session),
 // as the broker's hand-off does, but with no records or checks. Two
-// sessions, kept for the relay's life, take turns: a waiter takes the one
-// its holder does not have.
+// sessions, kept for the relay's life, take turns: a hand-off gives the
+// waiter the one its holder does not have.
 type hop struct {
 	lockbrokerv1.UnimplementedLockServiceServer
 	c        *api.Client
@@ -71,7 +71,7 @@ type hopLock struct {
 }
 
 type hopWaiter struct {
-	session string
+	session string        // set by the hand-off, before granted closes
 	granted chan struct{} // closed when the key is handed over
 	done    chan struct{}
 }
@@ -113,11 +113,7 @@ func (h *hop) Acquire(req *lockbrokerv1.AcquireRequest, stream lockbrokerv1.Lock
 	l := h.locks[key]
 	if l != nil {
 		// Busy: queue, and wait for the hand-off.
-		other := h.sessions[0]
-		if l.holder == other {
-			other = h.sessions[1]
-		}
-		w := &hopWaiter{session: other, granted: make(chan struct{}), done: make(chan struct{})}
+		w := &hopWaiter{granted: make(chan struct{}), done: make(chan struct{})}
 		l.waiters = append(l.waiters, w)
 		h.mu.Unlock()
 		if err := stream.Send(&lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Queued{Queued: &lockbrokerv1.AcquireQueued{}}}); err != nil {
@@ -203,6 +199,10 @@ func (h *hop) release(ctx context.Context, key, session string, done chan struct
 		return nil
 	}
 	w := l.waiters[0]
+	w.session = h.sessions[0]
+	if session == w.session {
+		w.session = h.sessions[1]
+	}
 	ok, _, _, err := h.c.Txn().Txn(api.TxnOps{
 		{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: key, Flags: api.LockFlagValue, Session: session}},
 		{KV: &api.KVTxnOp{Verb: api.KVLock, Key: key, Flags: api.LockFlagValue, Session: w.session}},
