@@ -26,7 +26,7 @@ import (
 // The hop floor: what any process between the client and Consul costs on
 // this machine, with no broker in it. A relay in a process of its own
 // serves the broker's Acquire and Release with nothing but the floor's two
-// Consul writes (KV acquire and release with one session kept for the
+// Consul writes (KV acquire and release with a session kept for the
 // relay's life, through an api.Client): no validation, no records, no
 // fencing, no renewal, no logging. The table's client drives it with the
 // same raw stubs and the same cycle as the broker row, so the difference
@@ -116,23 +116,24 @@ func (h *hop) Acquire(req *lockbrokerv1.AcquireRequest, stream lockbrokerv1.Lock
 		w := &hopWaiter{granted: make(chan struct{}), done: make(chan struct{})}
 		l.waiters = append(l.waiters, w)
 		h.mu.Unlock()
-		if err := stream.Send(&lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Queued{Queued: &lockbrokerv1.AcquireQueued{}}}); err != nil {
-			return err
-		}
-		select {
-		case <-w.granted:
-			return h.hold(stream, key, w.session, w.done)
-		case <-ctx.Done():
-			h.mu.Lock()
+		err := stream.Send(&lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Queued{Queued: &lockbrokerv1.AcquireQueued{}}})
+		if err == nil {
 			select {
-			case <-w.granted: // handed over meanwhile: this stream holds it
-				h.mu.Unlock()
+			case <-w.granted:
 				return h.hold(stream, key, w.session, w.done)
-			default:
-				l.waiters = slices.DeleteFunc(l.waiters, func(x *hopWaiter) bool { return x == w })
-				h.mu.Unlock()
-				return ctx.Err()
+			case <-ctx.Done():
+				err = ctx.Err()
 			}
+		}
+		h.mu.Lock()
+		select {
+		case <-w.granted: // handed over meanwhile: this stream holds it (and hold releases it)
+			h.mu.Unlock()
+			return h.hold(stream, key, w.session, w.done)
+		default:
+			l.waiters = slices.DeleteFunc(l.waiters, func(x *hopWaiter) bool { return x == w })
+			h.mu.Unlock()
+			return err
 		}
 	}
 	l = &hopLock{holder: h.sessions[0], done: make(chan struct{})}
