@@ -21,6 +21,15 @@ func SetGrantedHook(f func(key string)) (restore func()) {
 	return func() { testHookGranted = old }
 }
 
+// SetLeavingHook sets the hook a waiter runs as it leaves the key's queue
+// of waiters (granted or not), before the others are woken; the returned
+// func restores the previous one.
+func SetLeavingHook(f func(key string, granted bool)) (restore func()) {
+	old := testHookLeaving
+	testHookLeaving = f
+	return func() { testHookLeaving = old }
+}
+
 // SetAnnounceWait sets how long a releaser that handed a lock over waits
 // for the new holder's `acquired`; the returned func restores it.
 func SetAnnounceWait(d time.Duration) (restore func()) {

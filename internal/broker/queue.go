@@ -7,8 +7,8 @@ package broker
 // up), the others are woken so the next one tries.
 
 // setWaiting puts the subscriber in the key's queue of waiters, or takes
-// it out; with wake, the others are woken (a waiter that gave up: the next
-// may try; one that got the grant need not, its grant wakes them).
+// it out; with wake, the others are woken, so that the next may try (see
+// wait for who wakes them).
 func (s *sub) setWaiting(waiting, wake bool) {
 	kw := s.kw
 	kw.mu.Lock()

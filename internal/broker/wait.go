@@ -57,7 +57,17 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 	}
 	h.sub.setWaiting(true, false)
 	granted := false
-	defer func() { h.sub.setWaiting(false, !granted) }()
+	defer func() {
+		testHookLeaving(h.spec.Key, granted)
+		// A waiter that gives up makes room for the next. So does a
+		// semaphore's grantee: a waiter behind it may already have read
+		// the state with its grant, and a free slot left, while it still
+		// counted as ahead (rank); that waiter sleeps on a state no
+		// publication will change, and only this wake tells it its turn
+		// came. A lock's grantee fills the only slot: the next change of
+		// the key wakes its waiters.
+		h.sub.setWaiting(false, !granted || h.sem)
+	}()
 	w := &waiter{h: h, delays: map[string]time.Duration{}, fresh: h.sem}
 	for {
 		seq, delayLeft, raced, err := w.attempt(ctx, st)
@@ -194,6 +204,10 @@ func (h *hold) staleListing(st *State) bool {
 	_, listed := st.holder(session)
 	return !listed
 }
+
+// testHookLeaving runs as a waiter leaves the key's queue of waiters,
+// before the others are woken (set in tests only).
+var testHookLeaving = func(key string, granted bool) {}
 
 // first is the state of the first attempt. A lock tries at once on what
 // the shared watch knows (nil when it knows nothing yet: the attempt then
