@@ -223,11 +223,11 @@ func TestBenchTable(t *testing.T) {
 	costRow := func(name string, r *run) {
 		brokerCPU := "-"
 		if r.brokerCPU > 0 {
-			brokerCPU = fmt.Sprintf("%.3f", r.perCycle(r.brokerCPU.Seconds())*1000)
+			brokerCPU = r.cpuPer1k(r.brokerCPU)
 		}
 		cost.add(name, strconv.Itoa(r.n), fmtMs(r.lat.p50()), fmtMs(r.lat.p99()),
 			fmt.Sprintf("%.2f", r.perCycle(float64(sumCounts(r.calls)))), perCycle(r.calls, r.n),
-			fmt.Sprintf("%.3f", r.perCycle(r.cpu.Seconds())*1000), brokerCPU, fmt.Sprintf("%.3f", r.perCycle(r.consulCPU.Seconds())*1000),
+			r.cpuPer1k(r.cpu), brokerCPU, r.cpuPer1k(r.consulCPU),
 			fmt.Sprintf("%.0f", r.perCycle(float64(r.allocs))))
 	}
 	costRow("uncontended: broker", brUnc)
@@ -235,8 +235,7 @@ func TestBenchTable(t *testing.T) {
 	costRow("uncontended: floor", flUnc)
 	costRow("uncontended: broker, Go client library", libUnc)
 	cost.add("uncontended: hop floor (relay's CPU in broker)", strconv.Itoa(hopUnc.n), fmtMs(hopUnc.lat.p50()), fmtMs(hopUnc.lat.p99()), "-", "-",
-		fmt.Sprintf("%.3f", hopUnc.perCycle(hopUnc.cpu.Seconds())*1000), fmt.Sprintf("%.3f", hopUnc.perCycle(hopUnc.hopCPU.Seconds())*1000),
-		fmt.Sprintf("%.3f", hopUnc.perCycle(hopUnc.consulCPU.Seconds())*1000), "-")
+		hopUnc.cpuPer1k(hopUnc.cpu), hopUnc.cpuPer1k(hopUnc.hopCPU), hopUnc.cpuPer1k(hopUnc.consulCPU), "-")
 	if brTen != nil {
 		costRow("uncontended, tenant: broker", brTen)
 		costRow("uncontended, tenant: api.Lock", apiTen)
@@ -474,6 +473,12 @@ func (r *run) perCycle(x float64) float64 {
 		return 0
 	}
 	return x / float64(r.n)
+}
+
+// cpuPer1k is CPU time d spread over r's cycles, in seconds per 1,000
+// cycles, as the cost table prints it.
+func (r *run) cpuPer1k(d time.Duration) string {
+	return fmt.Sprintf("%.3f", r.perCycle(d.Seconds())*1000)
 }
 
 func (r *run) failed() bool { return r.errs.count() >= maxRowErrors }
