@@ -133,7 +133,7 @@ clean:
 	rm -rf bin node_modules test/node/node_modules client/node/node_modules
 	$(MAKE) -C client/java clean
 
-## Chaos suite and fuzzing (test/chaos/README.md) --------------------------
+## Chaos suite and fuzzing (docs/chaos.md) --------------------------
 
 .PHONY: chaos-short fuzz
 CHAOS := $(GO) run ./test/chaos/cmd/chaos
