@@ -100,12 +100,14 @@ func TestGrpcurl(t *testing.T) {
 // broker's address in place of 127.0.0.1:8700.
 type shell struct {
 	path, addr string
+	dir        string // the working directory; "" for the test's
 }
 
 // command builds the process for line.
 func (s shell) command(line string) *exec.Cmd {
 	cmd := exec.Command("sh", "-c", strings.ReplaceAll(line, "127.0.0.1:8700", s.addr))
 	cmd.Env = append(os.Environ(), "PATH="+s.path+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd.Dir = s.dir
 	return cmd
 }
 
@@ -125,6 +127,7 @@ func (s shell) run(t *testing.T, line string) (string, error) {
 
 // proc is a running command line.
 type proc struct {
+	cmd  *exec.Cmd
 	out  syncBuffer
 	err  error
 	done chan struct{} // closed once it has exited; err is set then
@@ -133,8 +136,8 @@ type proc struct {
 // start starts line; t.Cleanup kills it if it is still running.
 func (s shell) start(t *testing.T, line string) *proc {
 	t.Helper()
-	p := &proc{done: make(chan struct{})}
 	cmd := s.command(line)
+	p := &proc{cmd: cmd, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = &p.out, &p.out
 	require.NoError(t, cmd.Start())
 	go func() {
