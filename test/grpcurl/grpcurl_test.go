@@ -1,7 +1,8 @@
-// Package grpcurl_test runs the grpcurl command lines of the README against
-// a real broker (and a real Consul agent, see internal/brokertest), so that
-// what operators copy from the docs keeps working: server reflection,
-// JSON field names, streaming output and error texts.
+// Package grpcurl_test runs the grpcurl (and lockctl) command lines of the
+// README against a real broker (and a real Consul agent, see
+// internal/brokertest), so that what operators copy from the docs keeps
+// working: server reflection, JSON field names, streaming output and error
+// texts.
 package grpcurl_test
 
 import (
@@ -22,8 +23,9 @@ import (
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 )
 
-// The command lines exactly as the README shows them, for a broker on
-// 127.0.0.1:8700 (the tests put their broker's address in its place).
+// Command lines in the README's style, for a broker on 127.0.0.1:8700
+// (the tests put their broker's address in its place); readme_test.go
+// runs the README's own blocks.
 const (
 	cmdList     = `grpcurl -plaintext 127.0.0.1:8700 list`
 	cmdDescribe = `grpcurl -plaintext 127.0.0.1:8700 describe lockbroker.v1.LockService`
