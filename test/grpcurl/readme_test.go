@@ -31,6 +31,7 @@ var (
 	sessionRE = regexp.MustCompile(`"sessionId": "([0-9a-f-]{36})"`)
 	tokenRE   = regexp.MustCompile(`"token": "([0-9]+)"`)
 	sampleRE  = regexp.MustCompile(`(?m)^SID=\S+ TOKEN=\S+`)
+	guardRE   = regexp.MustCompile(`"guaranteedFor": "([0-9.]+s)"`)
 )
 
 // ctrlCBound is how long a hold whose grpcurl got Ctrl-C may stay: the
@@ -55,7 +56,7 @@ func TestReadmeGrpcurl(t *testing.T) {
 	// Ctrl-C keeps the hold (to its guarantee); the README's Release with
 	// the printed session and token frees it at once.
 	t.Run("CtrlCThenRelease", func(t *testing.T) {
-		sid, token := holdThenCtrlC(t, sh, locks)
+		sid, token, _ := holdThenCtrlC(t, sh, locks)
 		time.Sleep(time.Second)
 		assert.Equal(t, sid, holder(t, locks, "demo/lock"), "the hold is gone 1 s after Ctrl-C")
 
@@ -70,12 +71,16 @@ func TestReadmeGrpcurl(t *testing.T) {
 
 	// What the README says Ctrl-C costs: the hold stays to its guarantee.
 	t.Run("CtrlCKeepsTheHold", func(t *testing.T) {
-		sid, _ := holdThenCtrlC(t, sh, locks)
+		sid, _, out := holdThenCtrlC(t, sh, locks)
 		start := time.Now()
+		guarantee := "none"
+		if m := guardRE.FindAllStringSubmatch(out, -1); m != nil {
+			guarantee = m[len(m)-1][1]
+		}
 		require.Eventually(t, func() bool { return holder(t, locks, "demo/lock") != sid },
 			ctrlCBound, 50*time.Millisecond, "the hold outlived its guarantee after Ctrl-C")
 		kept := time.Since(start)
-		t.Logf("Ctrl-C on grpcurl: the hold was kept %.1f s", kept.Seconds())
+		t.Logf("Ctrl-C on grpcurl: the hold was kept %.1f s (the last guaranteedFor: %s)", kept.Seconds(), guarantee)
 		assert.Greater(t, kept, time.Second, "Ctrl-C freed the lock at once: the README says it does not")
 	})
 
@@ -108,8 +113,8 @@ func TestReadmeGrpcurl(t *testing.T) {
 
 // holdThenCtrlC runs the README's try-once Acquire, waits for its grant
 // and sends grpcurl SIGINT, as Ctrl-C does. It returns the grant's session
-// and token.
-func holdThenCtrlC(t *testing.T, sh shell, locks lockbrokerv1.LockServiceClient) (string, uint64) {
+// and token, and what grpcurl printed.
+func holdThenCtrlC(t *testing.T, sh shell, locks lockbrokerv1.LockServiceClient) (string, uint64, string) {
 	t.Helper()
 	p := sh.start(t, "exec "+readme.Block(t, "grpcurl-hold"))
 	var sid string
@@ -131,7 +136,7 @@ func holdThenCtrlC(t *testing.T, sh shell, locks lockbrokerv1.LockServiceClient)
 	case <-time.After(10 * time.Second):
 		t.Fatal("grpcurl still running 10 s after SIGINT")
 	}
-	return sid, token
+	return sid, token, p.out.String()
 }
 
 // holder returns the session that holds key, or "".
