@@ -8,9 +8,9 @@ GO ?= go
 GOTOOL := $(GO) tool -modfile=tools/go/go.mod
 BUF := npx --no-install buf
 PYTHON := /usr/bin/python3
-DEB_PACKAGES := protobuf-compiler protobuf-compiler-grpc python3-grpcio python3-protobuf python3-pytest
+DEB_PACKAGES := protobuf-compiler protobuf-compiler-grpc python3-grpcio python3-protobuf python3-pytest python3-venv
 
-.PHONY: all run test test-go test-race test-clients test-java test-conformance-go test-python test-node lint generate check-generate breaking \
+.PHONY: all run test test-go test-install test-race test-clients test-java test-conformance-go test-python test-node lint generate check-generate breaking \
 	consul broker lockctl deps deps-npm deps-deb deps-node bench chaos clean
 
 all: broker lockctl
@@ -25,6 +25,7 @@ lockctl:
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/lockctl ./cmd/lockctl
 
 # Consul v1.20.6, built from the Go module proxy (first build ~8 min).
+CONSUL_VERSION := 1.20.6
 consul: bin/consul
 bin/consul: tools/consul/go.mod tools/consul/go.sum
 	cd tools/consul && $(GO) build -o ../../bin/consul github.com/hashicorp/consul
@@ -78,10 +79,20 @@ lint: deps-npm
 
 ## Tests ------------------------------------------------------------------
 
-test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-clients test-java test-conformance-go chaos-short
+test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-clients test-java test-conformance-go test-install chaos-short
 
+# Every Go test but test/install, which test-install runs.
 test-go: consul
-	$(GO) test -count=1 -timeout 25m ./...
+	$(GO) test -count=1 -timeout 25m $$($(GO) list ./... | grep -v '/test/install$$')
+
+# The README's install blocks, as written, each from an empty temporary
+# directory, then a program using the installed library against a real
+# broker (test/install): Python (a venv over Debian's grpcio), Node (the
+# packed tarball, from the npm registry; TypeScript's `await using` on this
+# Node), Go (a replace line, modules from the Go module proxy) and Java
+# (the jar). client/node's packages bring the TypeScript compiler.
+test-install: consul deps-deb client/node/node_modules/.package-lock.json
+	$(GO) test -count=1 -timeout 15m -v -run 'TestInstall' ./test/install/
 
 # The end-to-end suite and the domain under the race detector (the long
 # tests scale down when it is on).
@@ -126,14 +137,24 @@ bench-profile: consul
 
 ## Running it -------------------------------------------------------------
 
-run: consul broker
-	bin/broker --dev
+# The Consul it runs: bin/consul, else a consul on PATH, if it is
+# v$(CONSUL_VERSION); only without one does it build bin/consul (make consul).
+run: broker
+	@bin=""; for c in bin/consul "$$(command -v consul)"; do \
+		if [ -n "$$c" ] && [ -x "$$c" ] && [ "$$("$$c" version 2>/dev/null | head -n 1)" = "Consul v$(CONSUL_VERSION)" ]; then bin="$$c"; break; fi; \
+	done; \
+	if [ -z "$$bin" ]; then \
+		echo "no Consul v$(CONSUL_VERSION) in bin/ or on PATH: building bin/consul (make consul)"; \
+		$(MAKE) --no-print-directory $$([ -e bin/consul ] && echo -B) consul || exit 1; bin=bin/consul; \
+	fi; \
+	echo "consul: $$bin"; \
+	exec bin/broker --dev --consul-bin "$$bin"
 
 clean:
 	rm -rf bin node_modules test/node/node_modules client/node/node_modules
 	$(MAKE) -C client/java clean
 
-## Chaos suite and fuzzing (test/chaos/README.md) --------------------------
+## Chaos suite and fuzzing (docs/chaos.md) --------------------------
 
 .PHONY: chaos-short fuzz
 CHAOS := $(GO) run ./test/chaos/cmd/chaos

@@ -3,5 +3,5 @@
 // clients holding locks, semaphore slots and leadership while a seeded
 // schedule of faults runs, and checkers over the recorded history
 // (fencing, belief overlap, linearizability, loss bound, liveness, leaks).
-// cmd/chaos runs it; README.md says how.
+// cmd/chaos runs it; docs/chaos.md says how.
 package chaos

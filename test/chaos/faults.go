@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// The fault kinds. Each is described in README.md.
+// The fault kinds. Each is described in docs/chaos.md.
 const (
 	FBrokerKill          = "broker-kill"            // SIGKILL a replica, restart it
 	FBrokerPause         = "broker-pause"           // SIGSTOP/SIGCONT, shorter than the TTL

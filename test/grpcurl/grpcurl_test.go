@@ -1,7 +1,8 @@
-// Package grpcurl_test runs the grpcurl command lines of the README against
-// a real broker (and a real Consul agent, see internal/brokertest), so that
-// what operators copy from the docs keeps working: server reflection,
-// JSON field names, streaming output and error texts.
+// Package grpcurl_test runs the grpcurl (and lockctl) command lines of the
+// README against a real broker (and a real Consul agent, see
+// internal/brokertest), so that what operators copy from the docs keeps
+// working: server reflection, JSON field names, streaming output and error
+// texts.
 package grpcurl_test
 
 import (
@@ -22,8 +23,9 @@ import (
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 )
 
-// The command lines exactly as the README shows them, for a broker on
-// 127.0.0.1:8700 (the tests put their broker's address in its place).
+// Command lines in the README's style, for a broker on 127.0.0.1:8700
+// (the tests put their broker's address in its place); readme_test.go
+// runs the README's own blocks.
 const (
 	cmdList     = `grpcurl -plaintext 127.0.0.1:8700 list`
 	cmdDescribe = `grpcurl -plaintext 127.0.0.1:8700 describe lockbroker.v1.LockService`
@@ -100,12 +102,14 @@ func TestGrpcurl(t *testing.T) {
 // broker's address in place of 127.0.0.1:8700.
 type shell struct {
 	path, addr string
+	dir        string // the working directory; "" for the test's
 }
 
 // command builds the process for line.
 func (s shell) command(line string) *exec.Cmd {
 	cmd := exec.Command("sh", "-c", strings.ReplaceAll(line, "127.0.0.1:8700", s.addr))
 	cmd.Env = append(os.Environ(), "PATH="+s.path+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd.Dir = s.dir
 	return cmd
 }
 
@@ -125,6 +129,7 @@ func (s shell) run(t *testing.T, line string) (string, error) {
 
 // proc is a running command line.
 type proc struct {
+	cmd  *exec.Cmd
 	out  syncBuffer
 	err  error
 	done chan struct{} // closed once it has exited; err is set then
@@ -133,8 +138,8 @@ type proc struct {
 // start starts line; t.Cleanup kills it if it is still running.
 func (s shell) start(t *testing.T, line string) *proc {
 	t.Helper()
-	p := &proc{done: make(chan struct{})}
 	cmd := s.command(line)
+	p := &proc{cmd: cmd, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = &p.out, &p.out
 	require.NoError(t, cmd.Start())
 	go func() {

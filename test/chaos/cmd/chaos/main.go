@@ -1,4 +1,4 @@
-// Command chaos runs lockbroker's chaos suite (see test/chaos/README.md):
+// Command chaos runs lockbroker's chaos suite (see docs/chaos.md):
 //
 //	go run ./test/chaos/cmd/chaos -profile short            # the real thing
 //	go run ./test/chaos/cmd/chaos -profile short -mutant no-fencing
