@@ -49,8 +49,8 @@ func requireQuota(t *testing.T, err error, tenantName, quota string) time.Durati
 	return d
 }
 
-// TestQuotaMaxHolds proves max_holds: the tenant's Acquire streams,
-// holding or waiting, are capped on the replica; one more is
+// TestQuotaMaxHolds proves max_holds: the tenant's holds and its Acquire
+// streams waiting on the replica are capped; one more is
 // RESOURCE_EXHAUSTED with details and audited; another tenant is not
 // affected; a slot comes back when a stream ends. The per-tenant gauges
 // follow holds and waiters.

@@ -105,7 +105,8 @@ func (p *parser) document(c *Config, root *yaml.Node) {
 
 // tenant reads one tenant; nil when it is unusable.
 func (p *parser) tenant(n *yaml.Node) *Tenant {
-	fields := p.mapping(n, "a tenant", "name", "identities", "prefixes", "max_holds", "max_sessions", "acquire_rate", "consul_token_file")
+	fields := p.mapping(n, "a tenant", "name", "identities", "prefixes", "max_holds", "max_sessions", "acquire_rate",
+		"write_rate", "write_bytes_rate", "read_rate", "consul_token_file")
 	if fields == nil {
 		return nil
 	}
@@ -161,8 +162,13 @@ func (p *parser) tenant(n *yaml.Node) *Tenant {
 	if f := fields["max_sessions"]; f != nil {
 		t.MaxSessions = p.count(f, what+": max_sessions")
 	}
-	if f := fields["acquire_rate"]; f != nil {
-		t.AcquireRate = p.rate(f, what+": acquire_rate")
+	for _, r := range []struct {
+		name string
+		to   *float64
+	}{{"acquire_rate", &t.AcquireRate}, {"write_rate", &t.WriteRate}, {"write_bytes_rate", &t.WriteBytesRate}, {"read_rate", &t.ReadRate}} {
+		if f := fields[r.name]; f != nil {
+			*r.to = p.rate(f, what+": "+r.name)
+		}
 	}
 	if f := fields["consul_token_file"]; f != nil {
 		if s, ok := p.str(f, "consul_token_file"); ok && s != "" {
