@@ -198,7 +198,15 @@ func TestSharedServiceHardening(t *testing.T) {
 		t.Logf("refused Consul requests: %v before, %v when settled", before, settled)
 	})
 
+	admin := lockbrokerv1.NewAdminServiceClient(adminConn)
+	paymentsHolds := func(t *testing.T) int {
+		resp, err := admin.ListHolds(ctx, &lockbrokerv1.ListHoldsRequest{KeyPrefix: "payments/"})
+		require.NoError(t, err)
+		return len(resp.GetHolds())
+	}
+
 	t.Run("F4: max_holds counts holds on client-owned sessions (TryAcquire, Acquire with session_id then cancel)", func(t *testing.T) {
+		base := paymentsHolds(t) // payments/é-😀, when the subtest before ran
 		sess, err := ps.CreateSession(ctx, &lockbrokerv1.CreateSessionRequest{})
 		require.NoError(t, err)
 		sid := sess.GetSession().GetId()
@@ -212,8 +220,7 @@ func TestSharedServiceHardening(t *testing.T) {
 				last = err
 			}
 		}
-		// payments/é-😀 is held too (the subtest before).
-		assert.Equal(t, 2, granted, "max_holds 3 with one hold already")
+		assert.Equal(t, 3-base, granted, "max_holds 3 with %d held already", base)
 		requireQuotaFailure(t, last, "payments", "max_holds")
 		_, err = ps.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: sid})
 		require.NoError(t, err)
@@ -244,19 +251,14 @@ func TestSharedServiceHardening(t *testing.T) {
 			}
 			cancel() // the stream ends; the hold on the client's session stays
 		}
-		assert.Equal(t, 2, granted, "the streams' holds stay after the streams")
+		assert.Equal(t, 3-base, granted, "the streams' holds stay after the streams")
 		requireQuotaFailure(t, last, "payments", "max_holds")
 		_, err = ps.DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: sid})
 		require.NoError(t, err)
 	})
 
 	t.Run("F4: max_holds counts the hold of a stream whose connection dropped until it is released", func(t *testing.T) {
-		admin := lockbrokerv1.NewAdminServiceClient(adminConn)
-		holds := func() int {
-			resp, err := admin.ListHolds(ctx, &lockbrokerv1.ListHoldsRequest{KeyPrefix: "payments/"})
-			require.NoError(t, err)
-			return len(resp.GetHolds())
-		}
+		holds := func() int { return paymentsHolds(t) }
 		require.Eventually(t, func() bool { return holds() <= 1 }, 5*time.Second, 50*time.Millisecond, "at most payments/é-😀 is held")
 		dropped := s.conn(t, s.payments, "")
 		for i := range 2 {
@@ -268,7 +270,7 @@ func TestSharedServiceHardening(t *testing.T) {
 		// While the dropped holds linger, no new hold may take their
 		// place: at no time more than 3.
 		most, grantedNew := 0, 0
-		for i := 0; i < 40; i++ {
+		for i := 0; i < 20; i++ {
 			_, ev, err := acquire(t, ctx, payments, &lockbrokerv1.AcquireRequest{Key: fmt.Sprintf("payments/new%d", i), WaitTimeout: durationpb.New(0)})
 			if err == nil && ev.GetAcquired() != nil {
 				grantedNew++
@@ -279,7 +281,7 @@ func TestSharedServiceHardening(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		assert.LessOrEqual(t, most, 3, "holds at once under max_holds 3")
-		t.Logf("%d new holds granted in 4 s after the drop; at most %d holds at once", grantedNew, most)
+		t.Logf("%d new holds granted in 2 s after the drop; at most %d holds at once", grantedNew, most)
 	})
 
 	t.Run("F4: write_rate, write_bytes_rate and read_rate are RESOURCE_EXHAUSTED with QuotaFailure", func(t *testing.T) {
@@ -295,6 +297,7 @@ func TestSharedServiceHardening(t *testing.T) {
 
 		var ok int
 		var last error
+		start := time.Now()
 		for range 20 {
 			_, err := ol.SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: "orders/w", SessionId: sid, Value: []byte("v")})
 			if err == nil {
@@ -303,7 +306,7 @@ func TestSharedServiceHardening(t *testing.T) {
 				last = err
 			}
 		}
-		assert.Less(t, ok, 10, "write_rate 5")
+		assert.LessOrEqual(t, float64(ok), 5+5*time.Since(start).Seconds()+1, "write_rate 5")
 		requireQuotaFailure(t, last, "orders", "write_rate")
 
 		time.Sleep(time.Second)
@@ -321,6 +324,7 @@ func TestSharedServiceHardening(t *testing.T) {
 		requireQuotaFailure(t, last, "orders", "write_bytes_rate")
 
 		ok = 0
+		start = time.Now()
 		for range 60 {
 			_, err := ol.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "orders/w"})
 			if err == nil {
@@ -329,7 +333,7 @@ func TestSharedServiceHardening(t *testing.T) {
 				last = err
 			}
 		}
-		assert.Less(t, ok, 40, "read_rate 20")
+		assert.LessOrEqual(t, float64(ok), 20+20*time.Since(start).Seconds()+1, "read_rate 20")
 		requireQuotaFailure(t, last, "orders", "read_rate")
 	})
 
