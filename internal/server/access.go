@@ -192,13 +192,18 @@ func (a *access) admitRequest(ctx context.Context, c *call) error {
 		if err := a.quotas.takeBytes(t, len(valueOf(c.req))); err != nil {
 			return err
 		}
-		release, err := a.quotas.takeHold(ctx, t, holdKind(c.req))
+		kind := holdKind(c.req)
+		release, err := a.quotas.takeHold(ctx, t, kind)
 		if err != nil {
 			return err
 		}
 		c.release = release
 		if c.method == methodAcquire {
-			c.track = a.quotas.tracker(t)
+			var granted func()
+			if kind == holdClientStream {
+				granted = release
+			}
+			c.track = a.quotas.tracker(t, granted)
 		}
 	case methodSetValue:
 		if err := a.quotas.takeWrite(t); err != nil {
@@ -245,8 +250,10 @@ func (c *requestCodec) forget(req any) {
 func holdKind(req any) int {
 	r, ok := req.(*lockbrokerv1.AcquireRequest)
 	switch {
-	case !ok || r.GetSessionId() != "":
+	case !ok:
 		return holdClient
+	case r.GetSessionId() != "":
+		return holdClientStream
 	case r.GetResume() != nil:
 		return holdResume
 	}

@@ -43,7 +43,8 @@ const quotaRetry = time.Second
 //     its Acquire streams on a session of the broker's (holding or
 //     waiting) on this replica, each until its handler returns (a hold
 //     whose connection dropped is kept, and counted, until the broker
-//     releases it), and the holds of its client-owned sessions
+//     releases it), its Acquire streams with session_id while they wait,
+//     and the holds of its client-owned sessions
 //     (TryAcquire, Acquire with session_id, which outlive their calls)
 //     in Consul, on every replica (broker.CountClientHolds). Those are
 //     counted in Consul only when the tally (streams, the last count,
@@ -175,17 +176,19 @@ func (q *quotas) take(t *tenant.Tenant, l *limiter, quota string, rate float64, 
 
 // The ways a call may make a hold, for takeHold.
 const (
-	holdStream = iota // an Acquire stream on a session of the broker's
-	holdResume        // an Acquire resuming a hold (counted already: never refused)
-	holdClient        // TryAcquire, Acquire with session_id: on a client-owned session
+	holdStream       = iota // an Acquire stream on a session of the broker's
+	holdResume              // an Acquire resuming a hold (counted already: never refused)
+	holdClient              // TryAcquire: on a client-owned session
+	holdClientStream        // Acquire with session_id: a stream while it waits, then a client-owned hold
 )
 
 // takeHold admits one more hold or waiter of t made the given way (see
-// max_holds in quotas); release, for a stream, gives it back.
+// max_holds in quotas); release, for a stream, gives it back (for an
+// Acquire with session_id, once it is granted: its hold is the client's).
 func (q *quotas) takeHold(ctx context.Context, t *tenant.Tenant, kind int) (release func(), err error) {
 	u := q.of(t)
 	if t.MaxHolds > 0 && kind != holdResume {
-		if err := q.checkHolds(ctx, u, t, kind == holdClient); err != nil {
+		if err := q.checkHolds(ctx, u, t, kind == holdClient || kind == holdClientStream); err != nil {
 			return nil, err
 		}
 	}
@@ -267,11 +270,12 @@ func (q *quotas) denied(t *tenant.Tenant) {
 }
 
 // tracker follows one Acquire stream of t: a waiter until `acquired`, a
-// hold until `lost`, `released` or the end of the stream.
-func (q *quotas) tracker(t *tenant.Tenant) *holdTracker {
+// hold until `lost`, `released` or the end of the stream. granted, if
+// set, runs at `acquired`.
+func (q *quotas) tracker(t *tenant.Tenant, granted func()) *holdTracker {
 	u := q.of(t)
 	u.waiting.Add(1)
-	return &holdTracker{u: u, state: trackWaiting}
+	return &holdTracker{u: u, state: trackWaiting, granted: granted}
 }
 
 const (
@@ -281,9 +285,10 @@ const (
 )
 
 type holdTracker struct {
-	u     *usage
-	mu    sync.Mutex
-	state int
+	u       *usage
+	granted func()
+	mu      sync.Mutex
+	state   int
 }
 
 func (h *holdTracker) event(r *lockbrokerv1.AcquireResponse) {
@@ -295,6 +300,9 @@ func (h *holdTracker) event(r *lockbrokerv1.AcquireResponse) {
 		h.u.holding.Add(1)
 		h.u.acquires.Add(1)
 		h.state = trackHolding
+		if h.granted != nil {
+			h.granted()
+		}
 	case (r.GetLost() != nil || r.GetReleased() != nil) && h.state != trackDone:
 		h.leave()
 	}

@@ -60,9 +60,9 @@ type Tenant struct {
 	// key is allowed when it starts with one of them.
 	Prefixes []string
 	// MaxHolds caps the tenant's holds and waiters, however made: its
-	// Acquire streams on broker sessions on one replica (until each hold
-	// is released), plus the holds of its client-owned sessions on every
-	// replica; 0 means no cap.
+	// Acquire streams on one replica (until each hold is released; one
+	// with a session id until granted), plus the holds of its
+	// client-owned sessions on every replica; 0 means no cap.
 	MaxHolds int
 	// MaxSessions caps the tenant's client-owned sessions alive at once;
 	// 0 means no cap.
