@@ -40,6 +40,13 @@ func (kw *keyWatch) run(ctx context.Context, r *dedicatedRun) {
 			if !sleep(ctx, backoff) {
 				return
 			}
+			// A key whose queries keep failing (Consul refuses it: 400
+			// for a key it cannot take in a path, 403 for a prefix the
+			// broker's ACL policy lacks) never reaches the check below:
+			// once nobody wants it, it stops here.
+			if kw.retire() {
+				return
+			}
 			// Capped low: the 1 s loss bound counts from the moment
 			// Consul answers again (after an election, say), not from
 			// the end of a long backoff.

@@ -83,6 +83,25 @@ type HoldInfo struct {
 	Waiting bool
 }
 
+// CountClientHolds counts the holds of tenant's client-owned sessions (made
+// with TryAcquire, or Acquire with a session id, on any replica; they
+// outlive the calls that made them): the keys of the tenant's live
+// session records without an owner (all replicas, read consistently).
+func (b *Broker) CountClientHolds(ctx context.Context, tenant string) (int, error) {
+	entries, _, err := b.store.List(ctx, recordPrefix, true)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range entries {
+		rec := decodeRecord(strings.TrimPrefix(e.Key, recordPrefix), e)
+		if rec.live && rec.Tenant == tenant && rec.Owner == "" {
+			n += len(rec.Holds)
+		}
+	}
+	return n, nil
+}
+
 // ListHolds lists every hold the broker granted on keys under prefix (""
 // for all), from the session records (all replicas, read consistently),
 // and this replica's waiters.

@@ -29,9 +29,9 @@ type access struct {
 	cfg    atomic.Pointer[tenant.Config] // nil: single-tenant
 	quotas *quotas
 	audit  *zap.Logger
-	// drop forgets what the request codec kept for a request that is
-	// refused before the validation interceptor saw it.
-	drop func(req any)
+	// val validates a unary request once its caller is known, before
+	// anything reads what the request names (see unary).
+	val *validation
 }
 
 // exempt methods need no identity.
@@ -47,6 +47,13 @@ var (
 	methodAcquire        = lockbrokerv1.LockService_Acquire_FullMethodName
 	methodTryAcquire     = lockbrokerv1.LockService_TryAcquire_FullMethodName
 	methodCreateSession  = lockbrokerv1.SessionService_CreateSession_FullMethodName
+	methodSetValue       = lockbrokerv1.LockService_SetValue_FullMethodName
+	methodRenewSession   = lockbrokerv1.SessionService_RenewSession_FullMethodName
+	methodGetLock        = lockbrokerv1.LockService_GetLock_FullMethodName
+	methodCheckSequencer = lockbrokerv1.LockService_CheckSequencer_FullMethodName
+	methodGetSession     = lockbrokerv1.SessionService_GetSession_FullMethodName
+	methodListSessions   = lockbrokerv1.SessionService_ListSessions_FullMethodName
+	methodWatch          = lockbrokerv1.LockService_Watch_FullMethodName
 	authorizationHeader  = "authorization"
 	bearerScheme         = "bearer "
 	maxAuthorizationSize = 4096
@@ -62,25 +69,35 @@ type call struct {
 	req      any
 	named    named
 	hasNamed bool
-	// release gives back what admission took (a max_holds slot).
+	// release gives back what admission took.
 	release func()
 	// track follows an Acquire stream's events for the per-tenant gauges.
 	track *holdTracker
 }
 
+// unary checks a call in three steps: who calls and may it call the
+// method at all (admitCall, which reads nothing of the request), is the
+// request valid (INVALID_ARGUMENT), and may the caller's tenant name what
+// it names, within its quotas (admitRequest). A request is read for the
+// audit log and the tenant checks only once it is valid: nothing over
+// the API's limits is logged or echoed, whoever sends it.
 func (a *access) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if exempt(info.FullMethod) {
+		if err := a.val.check(req); err != nil {
+			return nil, err
+		}
 		return handler(ctx, req)
 	}
 	c := newCall(ctx, info.FullMethod)
 	defer c.done() // also when the handler panics (recovery is outside)
-	c.req = req
 	ctx, err := a.admitCall(ctx, c)
-	if err == nil {
+	if err != nil {
+		a.val.codec.forget(req) // never validated: the codec forgets its decode error
+	} else if err = a.val.check(req); err == nil {
+		c.req = req
 		err = a.admitRequest(ctx, c)
 	}
 	if err != nil {
-		a.drop(req)
 		a.finish(c, err)
 		return nil, err
 	}
@@ -164,21 +181,39 @@ func (a *access) admitRequest(ctx context.Context, c *call) error {
 	for i, k := range n.keys {
 		if !t.Allows(k) {
 			n.keys[0], n.keys[i] = k, n.keys[0] // the audit log names the refused key
-			return permissionDenied("key %q is outside the prefixes of tenant %q", k, t.Name).withKey(k)
+			return permissionDenied("key %q is outside the prefixes of tenant %q", clip(k), t.Name).withKey(clip(k))
 		}
 	}
 	switch c.method {
-	case methodAcquire:
+	case methodAcquire, methodTryAcquire:
 		if err := a.quotas.takeRate(t); err != nil {
 			return err
 		}
-		release, err := a.quotas.takeHold(t)
+		if err := a.quotas.takeBytes(t, len(valueOf(c.req))); err != nil {
+			return err
+		}
+		kind := holdKind(c.req)
+		release, err := a.quotas.takeHold(ctx, t, kind)
 		if err != nil {
 			return err
 		}
-		c.release, c.track = release, a.quotas.tracker(t)
-	case methodTryAcquire:
-		return a.quotas.takeRate(t)
+		c.release = release
+		if c.method == methodAcquire {
+			var granted func()
+			if kind == holdClientStream {
+				granted = release
+			}
+			c.track = a.quotas.tracker(t, granted)
+		}
+	case methodSetValue:
+		if err := a.quotas.takeWrite(t); err != nil {
+			return err
+		}
+		return a.quotas.takeBytes(t, len(valueOf(c.req)))
+	case methodRenewSession:
+		return a.quotas.takeWrite(t)
+	case methodGetLock, methodCheckSequencer, methodGetSession, methodListSessions, methodWatch:
+		return a.quotas.takeRead(t)
 	case methodCreateSession:
 		release, err := a.quotas.takeSession(ctx, t)
 		if err != nil {
@@ -202,9 +237,25 @@ func (a *access) finish(c *call, err error) {
 }
 
 // forget drops the decode error the codec kept for req, if any: for a
-// request refused before the validation interceptor saw it.
+// request refused before it was validated.
 func (c *requestCodec) forget(req any) {
 	if msg, ok := req.(proto.Message); ok {
 		_ = c.takeError(msg)
 	}
+}
+
+// holdKind is how a request may make a hold, for max_holds. A resume
+// carries on a hold counted already: refused, a rolling restart would
+// lose the holds of a tenant at its limit.
+func holdKind(req any) int {
+	r, ok := req.(*lockbrokerv1.AcquireRequest)
+	switch {
+	case !ok:
+		return holdClient
+	case r.GetSessionId() != "":
+		return holdClientStream
+	case r.GetResume() != nil:
+		return holdResume
+	}
+	return holdStream
 }

@@ -148,6 +148,12 @@ func (s *secure) dial(t *testing.T, cert *testpki.Pair, token string) *grpc.Clie
 	return conn
 }
 
+// requestOps are the Consul operations a request may make: all but
+// status_leader, which the replica's probe of its agent makes every
+// second whatever the requests.
+var requestOps = []string{"session_create", "session_renew", "session_destroy", "session_info", "session_list",
+	"kv_list", "kv_watch", "kv_txn_write", "kv_txn_read"}
+
 // consulCalls is how many Consul calls the broker has made (of the given
 // ops only, e.g. "session_create"; every op when none is given).
 func (s *secure) consulCalls(t *testing.T, ops ...string) float64 {

@@ -223,7 +223,7 @@ func TestAccessKeysOutsidePrefixes(t *testing.T) {
 			return err
 		}},
 	}
-	before := s.consulCalls(t)
+	before := s.consulCalls(t, requestOps...)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.call(tt.key)
@@ -232,7 +232,7 @@ func TestAccessKeysOutsidePrefixes(t *testing.T) {
 			assert.Equal(t, tt.key, errorInfo(t, err).GetMetadata()["key"])
 		})
 	}
-	assert.InDelta(t, before, s.consulCalls(t), 0, "no Consul call for a refused key")
+	assert.InDelta(t, before, s.consulCalls(t, requestOps...), 0, "no Consul call for a refused key")
 	assert.InDelta(t, float64(len(tests)), s.tenantMetric(t, "lockbroker_tenant_denials_total", "tenant", "a"), 0)
 
 	lines := s.auditLines()
@@ -250,7 +250,7 @@ func TestAccessKeysOutsidePrefixes(t *testing.T) {
 	// Inside the prefixes the same calls reach the broker.
 	_, err := locks.GetLock(ctx, &lockbrokerv1.GetLockRequest{Key: "a/x"})
 	require.NoError(t, err)
-	assert.Greater(t, s.consulCalls(t), before)
+	assert.Greater(t, s.consulCalls(t, requestOps...), before)
 }
 
 // TestAccessSessionsBelongToTenant proves that a session belongs to the

@@ -56,11 +56,15 @@ func (l accessLog) finish(ctx context.Context, method, kind string, start time.T
 	}
 	fields = append(fields, zap.String("grpc.code", code.String()))
 	if err != nil {
-		fields = append(fields, zap.String("grpc.error", err.Error()))
+		fields = append(fields, zap.String("grpc.error", clipTo(err.Error(), maxLoggedError)))
 	}
 	ms := float32(time.Since(start).Nanoseconds()/1000) / 1000
 	ce.Write(append(fields, zap.String("grpc.time_ms", fmt.Sprintf("%v", ms)))...)
 }
+
+// maxLoggedError bounds the error an access log line quotes: a semaphore's
+// busy answer names up to 1,024 holders.
+const maxLoggedError = 1024
 
 // splitMethod splits "/package.Service/Method".
 func splitMethod(full string) (string, string) {

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -68,7 +69,7 @@ const (
 
 // checkKey applies key.proto's lock_key rules, in their order.
 func checkKey(vs []violation, prefix, name, k string) []violation {
-	if k != "" && len(k) <= maxKeyBytes && k[0] != '/' && k[len(k)-1] != '/' && !strings.Contains(k, "//") && !hasDotSegment(k) && !hasControl(k) {
+	if k != "" && len(k) <= maxKeyBytes && k[0] != '/' && k[len(k)-1] != '/' && !strings.Contains(k, "//") && !hasDotSegment(k) && !hasControl(k) && !hasNonPrinting(k) {
 		return vs // the common case: no path string built
 	}
 	field := prefix + name
@@ -90,7 +91,30 @@ func checkKey(vs []violation, prefix, name, k string) []violation {
 	if hasControl(k) {
 		vs = append(vs, violation{field, "must not contain control characters", "lock_key.control_character"})
 	}
+	if hasNonPrinting(k) {
+		vs = append(vs, violation{field, "must not contain non-printing characters (Consul refuses them)", "lock_key.non_printing"})
+	}
 	return vs
+}
+
+// hasNonPrinting is the regular expression
+// [^\p{L}\p{M}\p{N}\p{P}\p{S} \x00-\x1f\x7f]: a character that is not
+// unicode.IsPrint (Consul's test of a request path), control characters
+// aside (hasControl). ASCII is printable or control, so only multi-byte
+// characters are decoded.
+func hasNonPrinting(k string) bool {
+	for i := 0; i < len(k); {
+		if k[i] < utf8.RuneSelf {
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(k[i:])
+		if !unicode.IsPrint(r) {
+			return true
+		}
+		i += n
+	}
+	return false
 }
 
 // hasDotSegment is the regular expression (^|/)[.][.]?(/|$).

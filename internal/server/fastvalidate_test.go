@@ -139,7 +139,7 @@ const uuid0 = "6f0c2a1e-3b4d-4c5e-8f9a-0b1c2d3e4f50"
 
 var (
 	edgeKeys = []string{"a", "fuzz/ok", "", "/", "//", "/lead", "a/", "a//b", ".", "..", "...", "./a", "a/.", "a/./b", "a/../b",
-		"a/.../b", ".a/b.", "a/.b", "ctl\x01", "del\x7f", "tab\t", "\x00", "k\u2028", "é/ü", strings.Repeat("k", 512),
+		"a/.../b", ".a/b.", "a/.b", "ctl\x01", "del\x7f", "tab\t", "\x00", "k\u2028", "é/ü", "zero\u200bwidth", "nb\u00a0sp", "pua\ue000", "unassigned\U000e0080", "bom\ufeff", "emoji😀/ok", "ctl\x01\u200b", strings.Repeat("k", 512),
 		strings.Repeat("k", 513), strings.Repeat("é", 256), strings.Repeat("é", 257), "/" + strings.Repeat("k", 600) + "/./\x01"}
 	edgeUUIDs = []string{"", uuid0, strings.ToUpper(uuid0), "not-a-uuid", uuid0 + "0", uuid0[:35], "6f0c2a1e_3b4d-4c5e-8f9a-0b1c2d3e4f50",
 		"6f0c2a1e-3b4d-4c5e-8f9a-0b1c2d3e4f5g", "6f0c2a1e3b4d4c5e8f9a0b1c2d3e4f50", "6f0c2a1e-3b4d-4c5e-8f9a-0b1c2d3e4f5é"}

@@ -26,7 +26,11 @@ func identify(ctx context.Context, cfg *tenant.Config) (tenant.Caller, error) {
 		}
 		return caller, nil
 	}
-	if c := cfg.MatchCert(certIdentities(ctx)); c.Identity != "" {
+	ids, err := certIdentities(ctx)
+	if err != nil {
+		return tenant.Caller{}, unauthenticated(err.Error())
+	}
+	if c := cfg.MatchCert(ids); c.Identity != "" {
 		return c, nil
 	}
 	return tenant.Caller{}, unauthenticated("no identity: send a verified client certificate or an authorization: Bearer token")
@@ -51,15 +55,16 @@ func bearerToken(ctx context.Context) (token string, sent bool, err error) {
 }
 
 // certIdentities are the identities of the call's verified client
-// certificate (none without one).
-func certIdentities(ctx context.Context) []string {
+// certificate (none without one); an error for one that names its client
+// ambiguously (see tenant.CertIdentities).
+func certIdentities(ctx context.Context) ([]string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
-		return nil
+		return nil, nil
 	}
 	return tenant.CertIdentities(info.State.VerifiedChains[0][0])
 }
@@ -70,7 +75,7 @@ func presented(ctx context.Context) string {
 	if token, sent, err := bearerToken(ctx); sent && err == nil {
 		return tenant.TokenIdentity(token)
 	}
-	if ids := certIdentities(ctx); len(ids) > 0 {
+	if ids, _ := certIdentities(ctx); len(ids) > 0 {
 		return ids[0]
 	}
 	return ""

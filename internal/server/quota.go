@@ -14,16 +14,23 @@ import (
 // The quotas of the tenants file, by the name they have there (and in
 // QuotaFailure and the metrics).
 const (
-	quotaHolds    = "max_holds"
-	quotaSessions = "max_sessions"
-	quotaRate     = "acquire_rate"
+	quotaHolds      = "max_holds"
+	quotaSessions   = "max_sessions"
+	quotaRate       = "acquire_rate"
+	quotaWrites     = "write_rate"
+	quotaWriteBytes = "write_bytes_rate"
+	quotaReads      = "read_rate"
 )
 
-var quotaNames = []string{quotaHolds, quotaSessions, quotaRate}
+var quotaNames = []string{quotaHolds, quotaSessions, quotaRate, quotaWrites, quotaWriteBytes, quotaReads}
 
 // sessionRecount is how long a count of a tenant's sessions is trusted
-// before CreateSession counts again in Consul.
-const sessionRecount = time.Second
+// before CreateSession counts again in Consul; holdRecount the same for
+// a count of its holds.
+const (
+	sessionRecount = time.Second
+	holdRecount    = time.Second
+)
 
 // quotaRetry is the RetryInfo of a refusal whose end the broker cannot
 // foresee (a hold or session must end first).
@@ -32,19 +39,31 @@ const quotaRetry = time.Second
 // quotas keeps each tenant's usage on this replica, by tenant name, across
 // reloads of the tenants file (limits come from the current file).
 //
-//   - max_holds counts the tenant's Acquire streams open on this replica,
-//     holding or waiting. Holds on client-owned sessions that outlive
-//     their stream (TryAcquire, Acquire with session_id after the stream
-//     ended) are bounded by max_sessions instead.
+//   - max_holds counts the tenant's holds and waiters, however made:
+//     its Acquire streams on a session of the broker's (holding or
+//     waiting) on this replica, each until its handler returns (a hold
+//     whose connection dropped is kept, and counted, until the broker
+//     releases it), its Acquire streams with session_id while they wait,
+//     and the holds of its client-owned sessions
+//     (TryAcquire, Acquire with session_id, which outlive their calls)
+//     in Consul, on every replica (broker.CountClientHolds). Those are
+//     counted in Consul only when the tally (streams, the last count,
+//     and every client-owned grant let in since, whatever became of it)
+//     reaches the limit, at most once a second per tenant: a tenant
+//     below its limit costs no Consul call.
 //   - max_sessions counts the tenant's client-owned sessions alive in
 //     Consul, on every replica: CreateSession counts them from the
 //     broker's session records (a consistent read, at most once a second
 //     per tenant; the sessions made here since are added).
-//   - acquire_rate is a token bucket per replica over Acquire and
-//     TryAcquire calls.
+//   - acquire_rate, write_rate (SetValue, RenewSession), write_bytes_rate
+//     (the value bytes of SetValue, Acquire and TryAcquire) and read_rate
+//     (GetLock, CheckSequencer, GetSession, ListSessions, Watch streams
+//     opened) are token buckets per replica.
 type quotas struct {
-	// countSessions counts a tenant's client-owned sessions in Consul.
+	// countSessions counts a tenant's client-owned sessions in Consul;
+	// countHolds its holds.
 	countSessions func(ctx context.Context, tenant string) (int, error)
+	countHolds    func(ctx context.Context, tenant string) (int, error)
 	// toStatus maps a domain error (of countSessions).
 	toStatus func(error) error
 	now      func() time.Time
@@ -55,39 +74,61 @@ type quotas struct {
 
 // usage is one tenant's.
 type usage struct {
-	streams  atomic.Int64 // Acquire streams open: the max_holds count
 	holding  atomic.Int64
 	waiting  atomic.Int64
 	acquires atomic.Uint64
 	denials  atomic.Uint64
-	refused  [3]atomic.Uint64 // by quotaNames index
-	bucket   *tenant.Bucket
-	rate     float64
+	refused  [6]atomic.Uint64 // by quotaNames index
+	// rates are the buckets of acquire_rate, write_rate,
+	// write_bytes_rate and read_rate.
+	acquire, writes, bytes, reads limiter
 
 	sessMu    sync.Mutex
 	sessCount int
 	sessAt    time.Time
+
+	streams   atomic.Int64 // Acquire streams on broker sessions, open here
+	holdMu    sync.Mutex
+	holdCount int       // holds of the tenant's client-owned sessions in Consul at holdAt
+	holdAt    time.Time // zero: never counted
+	holdSince int       // client-owned grants let in since holdAt
 }
 
-func newQuotas(countSessions func(context.Context, string) (int, error), toStatus func(error) error) *quotas {
-	return &quotas{countSessions: countSessions, toStatus: toStatus, now: time.Now, usage: map[string]*usage{}}
+// limiter is a token bucket made at the rate of the tenants file in force.
+type limiter struct {
+	mu   sync.Mutex
+	b    *tenant.Bucket
+	rate float64
 }
 
-// of returns t's usage (nil for no tenant), with the bucket at t's rate.
+// take takes n tokens at rate (0: no limit); minBurst is the bucket's
+// least burst.
+func (l *limiter) take(now time.Time, rate, minBurst, n float64) (bool, time.Duration) {
+	if rate <= 0 {
+		return true, 0
+	}
+	l.mu.Lock()
+	if l.b == nil {
+		l.b, l.rate = tenant.NewBucketMin(rate, minBurst), rate
+	} else if l.rate != rate {
+		l.b.SetRate(rate)
+		l.rate = rate
+	}
+	b := l.b
+	l.mu.Unlock()
+	return b.TakeN(now, n)
+}
+
+func newQuotas(countSessions, countHolds func(context.Context, string) (int, error), toStatus func(error) error) *quotas {
+	return &quotas{countSessions: countSessions, countHolds: countHolds, toStatus: toStatus, now: time.Now, usage: map[string]*usage{}}
+}
+
+// of returns t's usage (the usage of no tenant for nil).
 func (q *quotas) of(t *tenant.Tenant) *usage {
 	if t == nil {
 		return q.lookup("")
 	}
-	u := q.lookup(t.Name)
-	q.mu.Lock()
-	if u.bucket == nil {
-		u.bucket, u.rate = tenant.NewBucket(t.AcquireRate), t.AcquireRate
-	} else if u.rate != t.AcquireRate {
-		u.bucket.SetRate(t.AcquireRate)
-		u.rate = t.AcquireRate
-	}
-	q.mu.Unlock()
-	return u
+	return q.lookup(t.Name)
 }
 
 func (q *quotas) lookup(name string) *usage {
@@ -103,27 +144,84 @@ func (q *quotas) lookup(name string) *usage {
 
 // takeRate takes one Acquire or TryAcquire call from t's bucket.
 func (q *quotas) takeRate(t *tenant.Tenant) error {
-	if t.AcquireRate <= 0 {
+	return q.take(t, &q.of(t).acquire, quotaRate, t.AcquireRate, "Acquire calls per second", 1, 1)
+}
+
+// takeWrite takes one SetValue or RenewSession call from t's bucket.
+func (q *quotas) takeWrite(t *tenant.Tenant) error {
+	return q.take(t, &q.of(t).writes, quotaWrites, t.WriteRate, "SetValue and RenewSession calls per second", 1, 1)
+}
+
+// takeBytes takes a value of n bytes from t's bucket of bytes.
+func (q *quotas) takeBytes(t *tenant.Tenant, n int) error {
+	if n == 0 {
 		return nil
 	}
-	u := q.of(t)
-	ok, wait := u.bucket.Take(q.now())
+	return q.take(t, &q.of(t).bytes, quotaWriteBytes, t.WriteBytesRate, "value bytes per second", maxValueBytes, float64(n))
+}
+
+// takeRead takes one read call (or Watch stream) from t's bucket.
+func (q *quotas) takeRead(t *tenant.Tenant) error {
+	return q.take(t, &q.of(t).reads, quotaReads, t.ReadRate, "reads per second", 1, 1)
+}
+
+// take takes n from l at rate (what: the unit of the rate) or refuses.
+func (q *quotas) take(t *tenant.Tenant, l *limiter, quota string, rate float64, what string, minBurst, n float64) error {
+	ok, wait := l.take(q.now(), rate, minBurst, n)
 	if ok {
 		return nil
 	}
-	return q.refuse(u, t, quotaRate, fmt.Sprintf("%g Acquire calls per second on this replica", t.AcquireRate), wait)
+	return q.refuse(q.of(t), t, quota, fmt.Sprintf("%g %s on this replica", rate, what), wait)
 }
 
-// takeHold counts one more Acquire stream of t; release gives it back.
-func (q *quotas) takeHold(t *tenant.Tenant) (release func(), err error) {
+// The ways a call may make a hold, for takeHold.
+const (
+	holdStream       = iota // an Acquire stream on a session of the broker's
+	holdResume              // an Acquire resuming a hold (counted already: never refused)
+	holdClient              // TryAcquire: on a client-owned session
+	holdClientStream        // Acquire with session_id: a stream while it waits, then a client-owned hold
+)
+
+// takeHold admits one more hold or waiter of t made the given way (see
+// max_holds in quotas); release, for a stream, gives it back (for an
+// Acquire with session_id, once it is granted: its hold is the client's).
+func (q *quotas) takeHold(ctx context.Context, t *tenant.Tenant, kind int) (release func(), err error) {
 	u := q.of(t)
-	n := u.streams.Add(1)
-	if t.MaxHolds > 0 && n > int64(t.MaxHolds) {
-		u.streams.Add(-1)
-		return nil, q.refuse(u, t, quotaHolds, fmt.Sprintf("%d holds and waiters at once on this replica", t.MaxHolds), quotaRetry)
+	if t.MaxHolds > 0 && kind != holdResume {
+		if err := q.checkHolds(ctx, u, t, kind == holdClient || kind == holdClientStream); err != nil {
+			return nil, err
+		}
 	}
+	if kind == holdClient {
+		return nil, nil
+	}
+	u.streams.Add(1)
 	var once sync.Once
 	return func() { once.Do(func() { u.streams.Add(-1) }) }, nil
+}
+
+// checkHolds refuses one more hold of t at its max_holds, counting its
+// client-owned holds in Consul when the tally reaches the limit and the
+// last count is older than holdRecount; client: the hold would be one.
+func (q *quotas) checkHolds(ctx context.Context, u *usage, t *tenant.Tenant, client bool) error {
+	u.holdMu.Lock()
+	defer u.holdMu.Unlock()
+	used := int(u.streams.Load()) + u.holdCount + u.holdSince
+	if now := q.now(); used >= t.MaxHolds && (u.holdAt.IsZero() || now.Sub(u.holdAt) >= holdRecount) {
+		n, err := q.countHolds(ctx, t.Name)
+		if err != nil {
+			return q.toStatus(err)
+		}
+		u.holdCount, u.holdAt, u.holdSince = n, now, 0
+		used = int(u.streams.Load()) + n
+	}
+	if used >= t.MaxHolds {
+		return q.refuse(u, t, quotaHolds, fmt.Sprintf("%d holds and waiters at once (client-owned sessions' on every replica)", t.MaxHolds), quotaRetry)
+	}
+	if client {
+		u.holdSince++
+	}
+	return nil
 }
 
 // takeSession admits one more client-owned session of t.
@@ -172,11 +270,12 @@ func (q *quotas) denied(t *tenant.Tenant) {
 }
 
 // tracker follows one Acquire stream of t: a waiter until `acquired`, a
-// hold until `lost`, `released` or the end of the stream.
-func (q *quotas) tracker(t *tenant.Tenant) *holdTracker {
+// hold until `lost`, `released` or the end of the stream. granted, if
+// set, runs at `acquired`.
+func (q *quotas) tracker(t *tenant.Tenant, granted func()) *holdTracker {
 	u := q.of(t)
 	u.waiting.Add(1)
-	return &holdTracker{u: u, state: trackWaiting}
+	return &holdTracker{u: u, state: trackWaiting, granted: granted}
 }
 
 const (
@@ -186,9 +285,10 @@ const (
 )
 
 type holdTracker struct {
-	u     *usage
-	mu    sync.Mutex
-	state int
+	u       *usage
+	granted func()
+	mu      sync.Mutex
+	state   int
 }
 
 func (h *holdTracker) event(r *lockbrokerv1.AcquireResponse) {
@@ -200,6 +300,9 @@ func (h *holdTracker) event(r *lockbrokerv1.AcquireResponse) {
 		h.u.holding.Add(1)
 		h.u.acquires.Add(1)
 		h.state = trackHolding
+		if h.granted != nil {
+			h.granted()
+		}
 	case (r.GetLost() != nil || r.GetReleased() != nil) && h.state != trackDone:
 		h.leave()
 	}

@@ -49,8 +49,8 @@ func requireQuota(t *testing.T, err error, tenantName, quota string) time.Durati
 	return d
 }
 
-// TestQuotaMaxHolds proves max_holds: the tenant's Acquire streams,
-// holding or waiting, are capped on the replica; one more is
+// TestQuotaMaxHolds proves max_holds: the tenant's holds and its Acquire
+// streams waiting on the replica are capped; one more is
 // RESOURCE_EXHAUSTED with details and audited; another tenant is not
 // affected; a slot comes back when a stream ends. The per-tenant gauges
 // follow holds and waiters.
@@ -96,6 +96,49 @@ func TestQuotaMaxHolds(t *testing.T) {
 	require.NotNil(t, ev.GetAcquired())
 	assert.InDelta(t, 2, s.tenantMetric(t, "lockbroker_tenant_holds", "tenant", "a"), 0)
 	assert.InDelta(t, 2, s.tenantMetric(t, "lockbroker_tenant_acquires_total", "tenant", "a"), 0)
+}
+
+// TestQuotaMaxHoldsClientOwned proves that max_holds counts an Acquire
+// on a client-owned session while it waits and the holds of client-owned
+// sessions after their calls (TryAcquire), and that a count in Consul
+// gives a slot back once such a hold is released.
+func TestQuotaMaxHoldsClientOwned(t *testing.T) {
+	t.Parallel()
+	p := newPKI(t)
+	s := startSecure(t, p, consultest.Start(t), parseTenants(t, tenantsYAML("    max_holds: 2")), true)
+	ctx := ctxTimeout(t, 30*time.Second)
+	a := s.dial(t, p.a, "")
+	locks := lockbrokerv1.NewLockServiceClient(a)
+	created, err := lockbrokerv1.NewSessionServiceClient(a).CreateSession(ctx, &lockbrokerv1.CreateSessionRequest{})
+	require.NoError(t, err)
+	sid := created.GetSession().GetId()
+
+	_, ev, err := acquire(t, ctx, a, &lockbrokerv1.AcquireRequest{Key: "a/q"})
+	require.NoError(t, err)
+	require.NotNil(t, ev.GetAcquired(), "%v", ev)
+	wctx, cancelWaiter := context.WithCancel(ctx)
+	_, ev, err = acquire(t, wctx, a, &lockbrokerv1.AcquireRequest{Key: "a/q", Session: &lockbrokerv1.AcquireRequest_SessionId{SessionId: sid}})
+	require.NoError(t, err)
+	require.NotNil(t, ev.GetQueued(), "%v", ev)
+	_, err = locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: "a/t", SessionId: sid})
+	requireQuota(t, err, "a", quotaHolds)
+
+	cancelWaiter()
+	var seq *lockbrokerv1.Sequencer
+	require.Eventually(t, func() bool {
+		resp, err := locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: "a/t", SessionId: sid})
+		seq = resp.GetSequencer()
+		return err == nil
+	}, 5*time.Second, 50*time.Millisecond, "the waiter's slot comes back")
+	// The hold outlives its call: one stream and one client-owned hold.
+	_, err = locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: "a/u", SessionId: sid})
+	requireQuota(t, err, "a", quotaHolds)
+	_, err = locks.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: "a/t", SessionId: sid, Token: seq.GetToken()})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := locks.TryAcquire(ctx, &lockbrokerv1.TryAcquireRequest{Key: "a/u", SessionId: sid})
+		return err == nil
+	}, 5*time.Second, 50*time.Millisecond, "a released client-owned hold gives its slot back at the next count")
 }
 
 // TestQuotaAcquireRate proves acquire_rate: a burst of calls gets at most

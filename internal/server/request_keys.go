@@ -60,3 +60,17 @@ func namedBy(req any) named {
 	}
 	return named{}
 }
+
+// valueOf is the value a request writes (nil for none), for
+// write_bytes_rate.
+func valueOf(req any) []byte {
+	switch r := req.(type) {
+	case *lockbrokerv1.AcquireRequest:
+		return r.GetValue()
+	case *lockbrokerv1.TryAcquireRequest:
+		return r.GetValue()
+	case *lockbrokerv1.SetValueRequest:
+		return r.GetValue()
+	}
+	return nil
+}

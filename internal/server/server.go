@@ -126,8 +126,9 @@ func WithKeepalive(idle, timeout time.Duration) Option {
 
 // New wires the gRPC server: metrics, access logging (finished calls at
 // debug when OK, otherwise at info and above), recovery (INTERNAL, panic
-// logged), access (identity, tenant prefixes, quotas, audit log; see
-// WithTenants), validation (INVALID_ARGUMENT with details) and cut-off
+// logged), access (identity, then validation: INVALID_ARGUMENT with
+// details, so that no refusal logs or echoes a request over the API's
+// limits; then tenant prefixes, quotas, audit log; see WithTenants) and cut-off
 // (REPLICA_CUT_OFF while the replica cannot reach Consul) interceptors,
 // server keepalive and its enforcement policy, the three services, health
 // and reflection.
@@ -153,15 +154,17 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	accessLog := accessLog{log: log}
 	gate := cutOffGate{b: b, log: log}
 	val := &validation{validator: validator, codec: newRequestCodec()}
-	acc := &access{
-		audit: log.Named(AuditLoggerName),
-		drop:  val.codec.forget,
-	}
+	acc := &access{audit: log.Named(AuditLoggerName), val: val}
 	acc.quotas = newQuotas(func(ctx context.Context, t string) (int, error) {
 		if err := b.Admit(); err != nil {
 			return 0, err // cut off: at once, not after the list's timeout
 		}
 		return clientOwnedSessions(ctx, b, t)
+	}, func(ctx context.Context, t string) (int, error) {
+		if err := b.Admit(); err != nil {
+			return 0, err
+		}
+		return b.CountClientHolds(ctx, t)
 	}, func(err error) error { return toStatus(log, b.Placed(err)) })
 	acc.cfg.Store(o.tenants)
 	reg.MustRegister(newTenantCollector(acc))
@@ -174,8 +177,7 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 			srvMetrics.unary,
 			accessLog.unary,
 			recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(recovered)),
-			acc.unary, // who calls, for which tenant, may it, quotas (forgets a refused request's decode error)
-			val.unary, // it must see every request the codec decoded and access let in
+			acc.unary, // who calls, validation (every request the codec decoded), for which tenant, may it, quotas
 			gate.unary,
 		),
 		// The same six for streams, in one frame (see streams).

@@ -46,10 +46,12 @@ func (s *streams) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	return handler(srv, cs)
 }
 
-// callStream is the stream a handler gets: it counts the messages, lets
-// the first request in only if access does, then validates it and refuses
-// it while the replica is cut off from Consul, and carries the caller's
-// tenant in its context.
+// callStream is the stream a handler gets: it counts the messages,
+// validates each request (access has checked the caller at the stream's
+// start, and reads a request only once it is valid: nothing logs a
+// request over the API's limits), lets the first in only if access does
+// and refuses it while the replica is cut off from Consul, and carries
+// the caller's tenant in its context.
 type callStream struct {
 	grpc.ServerStream
 	ctx      context.Context // with the tenant (see access.admitCall)
@@ -68,23 +70,19 @@ func (cs *callStream) RecvMsg(m any) error {
 		return err
 	}
 	cs.counters.received.Inc()
-	c := cs.call
-	first := c != nil && !cs.received
-	if first {
-		cs.received = true
-		c.req, c.hasNamed = m, false
-		if err := cs.s.access.admitRequest(cs.ctx, c); err != nil {
-			cs.s.access.drop(m)
-			return err
-		}
-	}
 	if err := cs.s.val.check(m); err != nil {
 		return err
 	}
-	if first {
-		return cs.s.gate.admit()
+	c := cs.call
+	if c == nil || cs.received {
+		return nil
 	}
-	return nil
+	cs.received = true
+	c.req, c.hasNamed = m, false
+	if err := cs.s.access.admitRequest(cs.ctx, c); err != nil {
+		return err
+	}
+	return cs.s.gate.admit()
 }
 
 func (cs *callStream) SendMsg(m any) error {

@@ -1,14 +1,12 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"sync"
 
 	"buf.build/go/protovalidate"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	gproto "google.golang.org/grpc/encoding/proto"
@@ -29,13 +27,6 @@ import (
 type validation struct {
 	validator protovalidate.Validator
 	codec     *requestCodec
-}
-
-func (v *validation) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if err := v.check(req); err != nil {
-		return nil, err
-	}
-	return handler(ctx, req)
 }
 
 // check returns nil or the INVALID_ARGUMENT status for req.

@@ -3,6 +3,7 @@ package tenant
 import (
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"fmt"
 	"net/url"
 	"os"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockbroker/lockbroker/internal/testpki"
 )
 
 func testConfig(t *testing.T) *Config {
@@ -69,10 +72,29 @@ func TestMatchCert(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := c.MatchCert(CertIdentities(tt.cert))
+			ids, err := CertIdentities(tt.cert)
+			require.NoError(t, err)
+			got := c.MatchCert(ids)
 			assert.Equal(t, tt.identity, got.Identity)
 			assert.Equal(t, tt.tenant, got.TenantName())
 			assert.Equal(t, tt.admin, got.Admin)
 		})
 	}
+}
+
+// TestCertWithTwoCNs: a subject with two Common Names is refused, whichever
+// comes last (Go's parser keeps the last one as CommonName).
+func TestCertWithTwoCNs(t *testing.T) {
+	ca := testpki.NewCA(t, "test CA")
+	cn := asn1.ObjectIdentifier{2, 5, 4, 3}
+	p := ca.ClientSubject(t, pkix.Name{ExtraNames: []pkix.AttributeTypeAndValue{{Type: cn, Value: "alpha-api"}, {Type: cn, Value: "oncall"}}})
+	require.Equal(t, "oncall", p.Cert.Subject.CommonName)
+	ids, err := CertIdentities(p.Cert)
+	require.ErrorIs(t, err, ErrAmbiguousCN)
+	assert.Empty(t, ids)
+	assert.Contains(t, err.Error(), "has 2")
+
+	one, err := CertIdentities(ca.Client(t, "alpha-api").Cert)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"cn:alpha-api"}, one)
 }

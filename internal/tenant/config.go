@@ -11,6 +11,9 @@
 //	    max_holds: 1000
 //	    max_sessions: 100
 //	    acquire_rate: 200
+//	    write_rate: 100
+//	    write_bytes_rate: 1048576
+//	    read_rate: 500
 //	    consul_token_file: ""
 //	admins: ["cn:platform-oncall"]
 //
@@ -56,8 +59,10 @@ type Tenant struct {
 	// Prefixes are the keys and semaphore prefixes the tenant may use: a
 	// key is allowed when it starts with one of them.
 	Prefixes []string
-	// MaxHolds caps the tenant's Acquire streams (holds and waiters) at
-	// once on one replica; 0 means no cap.
+	// MaxHolds caps the tenant's holds and waiters, however made: its
+	// Acquire streams on one replica (until each hold is released; one
+	// with a session id until granted), plus the holds of its
+	// client-owned sessions on every replica; 0 means no cap.
 	MaxHolds int
 	// MaxSessions caps the tenant's client-owned sessions alive at once;
 	// 0 means no cap.
@@ -65,6 +70,17 @@ type Tenant struct {
 	// AcquireRate caps Acquire and TryAcquire calls per second on one
 	// replica (a token bucket whose burst is the rate); 0 means no cap.
 	AcquireRate float64
+	// WriteRate caps the other calls that write to Consul, SetValue and
+	// RenewSession, per second on one replica; 0 means no cap.
+	WriteRate float64
+	// WriteBytesRate caps the value bytes written per second on one
+	// replica (SetValue, Acquire, TryAcquire; the burst is at least one
+	// value of the largest size); 0 means no cap.
+	WriteBytesRate float64
+	// ReadRate caps the calls that read from Consul (GetLock,
+	// CheckSequencer, GetSession, ListSessions, and Watch streams opened)
+	// per second on one replica; 0 means no cap.
+	ReadRate float64
 	// ConsulTokenFile, when set, holds the tenant's own Consul ACL token
 	// (read at load; relative paths are relative to the tenants file).
 	ConsulTokenFile string

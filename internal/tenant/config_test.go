@@ -76,7 +76,7 @@ func TestParseErrors(t *testing.T) {
 		{"bad name", "tenants:\n  - name: 'a b'\n    identities: [cn:a]\n    prefixes: [a/]\n", 2, "tenant name"},
 		{"duplicate name", "tenants:\n  - name: a\n    identities: [cn:a]\n    prefixes: [a/]\n  - name: a\n    identities: [cn:b]\n    prefixes: [b/]\n", 5, "already defined on line 2"},
 		{"no identities", "tenants:\n  - name: a\n    identities: []\n    prefixes: [a/]\n", 3, "no identities"},
-		{"bad identity", "tenants:\n  - name: a\n    identities:\n      - cn:a\n      - dns:a\n    prefixes: [a/]\n", 5, `"dns:a"`},
+		{"bad identity", "tenants:\n  - name: a\n    identities:\n      - cn:a\n      - dns:a\n    prefixes: [a/]\n", 5, `of kind "dns:"`},
 		{"short token hash", "tenants:\n  - name: a\n    identities: ['token-sha256:abc']\n    prefixes: [a/]\n", 3, "64 hex digits"},
 		{"identity in two tenants", "tenants:\n  - name: a\n    identities: [cn:x]\n    prefixes: [a/]\n  - name: b\n    identities: [cn:x]\n    prefixes: [b/]\n", 5, `already belongs to tenant "a" (line 2)`},
 		{"token in two tenants", fmt.Sprintf("tenants:\n  - name: a\n    identities: [token-sha256:%s]\n    prefixes: [a/]\n  - name: b\n    identities: [token-sha256:%s]\n    prefixes: [b/]\n", tok, strings.ToUpper(tok)), 5, "already belongs"},
@@ -90,7 +90,7 @@ func TestParseErrors(t *testing.T) {
 		{"rate not a number", "tenants:\n  - name: a\n    identities: [cn:a]\n    prefixes: [a/]\n    acquire_rate: fast\n", 5, "acquire_rate"},
 		{"missing token file", "tenants:\n  - name: a\n    identities: [cn:a]\n    prefixes: [a/]\n    consul_token_file: nope.token\n", 5, "consul_token_file"},
 		{"tenants not a list", "tenants: a\n", 1, "want a list"},
-		{"admin identity", "admins: [root]\n", 1, `"root"`},
+		{"admin identity", "admins: [root]\n", 1, "no known kind"},
 		{"admin twice", "admins: [cn:a, cn:a]\n", 1, "already listed"},
 		{"nothing", "tenants: []\nadmins: []\n", 1, "no tenants and no admins"},
 	}
@@ -142,4 +142,29 @@ func TestAllows(t *testing.T) {
 	} {
 		assert.Equal(t, want, tn.Allows(key), key)
 	}
+}
+
+// TestOverlappingPrefixes: prefixes of two tenants that overlap ("pay"
+// would let its tenant take "payroll/" keys) are refused, naming both
+// tenants and both prefixes; one tenant's own prefixes may overlap.
+func TestOverlappingPrefixes(t *testing.T) {
+	tests := []struct {
+		name, a, b string
+	}{
+		{"shorter first", "pay", "payroll/"},
+		{"longer first", "payroll/", "pay"},
+		{"equal", "jobs/", "jobs/"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := fmt.Sprintf("tenants:\n  - name: one\n    identities: [cn:one]\n    prefixes: [x/, %q]\n  - name: two\n    identities: [cn:two]\n    prefixes: [%q]\n", tt.a, tt.b)
+			_, err := Parse("t.yaml", []byte(body), os.ReadFile)
+			require.Error(t, err)
+			for _, want := range []string{"t.yaml:5:", `tenant "two"`, `tenant "one"`, fmt.Sprintf("%q", tt.a), fmt.Sprintf("%q", tt.b), "(line 2)"} {
+				assert.Contains(t, err.Error(), want)
+			}
+		})
+	}
+	_, err := Parse("t.yaml", []byte("tenants:\n  - name: one\n    identities: [cn:one]\n    prefixes: [pay, payroll/]\n  - name: two\n    identities: [cn:two]\n    prefixes: [pa/]\n"), os.ReadFile)
+	require.NoError(t, err, "one tenant's own prefixes may overlap; pa/ and pay do not")
 }

@@ -3,7 +3,9 @@ package tenant
 import (
 	"crypto/sha256"
 	"crypto/x509"
+	"encoding/asn1"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -29,10 +31,16 @@ func TokenIdentity(token string) string {
 
 // CertIdentities are the identities of a verified client certificate, most
 // specific first: "uri:<SAN>" for each URI SAN, then "cn:<Common Name>"
-// when it has one.
-func CertIdentities(cert *x509.Certificate) []string {
+// when it has one. A certificate whose subject has more than one Common
+// Name is refused whole (ErrAmbiguousCN): Go's parser keeps the last, a
+// CA's name constraints or a reviewer may look at the first, and no rule
+// a CA could be expected to follow says which one names the client.
+func CertIdentities(cert *x509.Certificate) ([]string, error) {
 	if cert == nil {
-		return nil
+		return nil, nil
+	}
+	if n := commonNames(cert); n > 1 {
+		return nil, fmt.Errorf("%w: the subject has %d", ErrAmbiguousCN, n)
 	}
 	var ids []string
 	for _, u := range cert.URIs {
@@ -41,7 +49,24 @@ func CertIdentities(cert *x509.Certificate) []string {
 	if cn := cert.Subject.CommonName; cn != "" {
 		ids = append(ids, KindCN+cn)
 	}
-	return ids
+	return ids, nil
+}
+
+// ErrAmbiguousCN refuses a client certificate with several Common Names.
+var ErrAmbiguousCN = errors.New("client certificate with more than one Common Name (CN): ambiguous, refused")
+
+// oidCommonName is the X.520 commonName attribute type.
+var oidCommonName = asn1.ObjectIdentifier{2, 5, 4, 3}
+
+// commonNames counts the CN attributes of cert's subject.
+func commonNames(cert *x509.Certificate) int {
+	n := 0
+	for _, atv := range cert.Subject.Names {
+		if atv.Type.Equal(oidCommonName) {
+			n++
+		}
+	}
+	return n
 }
 
 // ParseIdentity checks an identity as written in the tenants file and
@@ -64,7 +89,9 @@ func ParseIdentity(s string) (string, error) {
 		}
 		return KindToken + h, nil
 	default:
-		return "", fmt.Errorf("identity %q: want cn:NAME, uri:URI or token-sha256:HEX", s)
+		// Not shown: it may be a bearer token ("Bearer <token>") pasted
+		// where its SHA-256 belongs.
+		return "", fmt.Errorf("identity %s(the rest not shown: %d characters) is of no known kind: want cn:NAME, uri:URI or token-sha256:HEX, the hex SHA-256 of a bearer token, never the token itself", kindOf(s), len(s))
 	}
 	for _, r := range s {
 		if r < 0x20 || r == 0x7f {
@@ -72,4 +99,20 @@ func ParseIdentity(s string) (string, error) {
 		}
 	}
 	return s, nil
+}
+
+// kindOf is what an identity of no known kind may show of itself: its
+// kind (`dns:`) when it starts with a short word and a colon, else
+// nothing.
+func kindOf(s string) string {
+	kind, _, ok := strings.Cut(s, ":")
+	if !ok || kind == "" || len(kind) > 16 {
+		return ""
+	}
+	for _, r := range kind {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-') {
+			return ""
+		}
+	}
+	return fmt.Sprintf("of kind %q ", kind+":")
 }

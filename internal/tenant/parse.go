@@ -3,6 +3,7 @@ package tenant
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"path/filepath"
 	"regexp"
@@ -104,7 +105,8 @@ func (p *parser) document(c *Config, root *yaml.Node) {
 
 // tenant reads one tenant; nil when it is unusable.
 func (p *parser) tenant(n *yaml.Node) *Tenant {
-	fields := p.mapping(n, "a tenant", "name", "identities", "prefixes", "max_holds", "max_sessions", "acquire_rate", "consul_token_file")
+	fields := p.mapping(n, "a tenant", "name", "identities", "prefixes", "max_holds", "max_sessions", "acquire_rate",
+		"write_rate", "write_bytes_rate", "read_rate", "consul_token_file")
 	if fields == nil {
 		return nil
 	}
@@ -160,8 +162,13 @@ func (p *parser) tenant(n *yaml.Node) *Tenant {
 	if f := fields["max_sessions"]; f != nil {
 		t.MaxSessions = p.count(f, what+": max_sessions")
 	}
-	if f := fields["acquire_rate"]; f != nil {
-		t.AcquireRate = p.rate(f, what+": acquire_rate")
+	for _, r := range []struct {
+		name string
+		to   *float64
+	}{{"acquire_rate", &t.AcquireRate}, {"write_rate", &t.WriteRate}, {"write_bytes_rate", &t.WriteBytesRate}, {"read_rate", &t.ReadRate}} {
+		if f := fields[r.name]; f != nil {
+			*r.to = p.rate(f, what+": "+r.name)
+		}
 	}
 	if f := fields["consul_token_file"]; f != nil {
 		if s, ok := p.str(f, "consul_token_file"); ok && s != "" {
@@ -193,8 +200,37 @@ func (p *parser) addTenant(c *Config, t *Tenant, n *yaml.Node) {
 			c.exact[id] = t
 		}
 	}
+	if p.overlaps(c, t, n) {
+		return
+	}
 	c.byName[t.Name] = t
 	c.Tenants = append(c.Tenants, t)
+}
+
+// overlaps reports (and refuses) a prefix of t that overlaps a prefix of
+// a tenant already added: a key such as the longer one would belong to
+// both tenants ("pay" and "payroll/"). Prefixes of one tenant may overlap.
+func (p *parser) overlaps(c *Config, t *Tenant, n *yaml.Node) bool {
+	found := false
+	for _, old := range c.Tenants {
+		for _, a := range t.Prefixes {
+			for _, b := range old.Prefixes {
+				if strings.HasPrefix(a, b) || strings.HasPrefix(b, a) {
+					p.errorf(n, "tenant %q: prefix %q overlaps prefix %q of tenant %q (line %d): a key starting with %q would belong to both",
+						t.Name, a, b, old.Name, old.Line, longer(a, b))
+					found = true
+				}
+			}
+		}
+	}
+	return found
+}
+
+func longer(a, b string) string {
+	if len(a) > len(b) {
+		return a
+	}
+	return b
 }
 
 // checkPrefix refuses prefixes no key could use safely: empty ones (every
@@ -221,23 +257,37 @@ func checkPrefix(s string) error {
 	return nil
 }
 
-// token reads a tenant's Consul token file. Its contents never appear in
-// an error.
+// token reads a tenant's Consul token file. Neither its contents nor its
+// path (which may be a token pasted in its place) appear in an error.
 func (p *parser) token(n *yaml.Node, what, path string) Secret {
 	if !filepath.IsAbs(path) {
 		path = filepath.Join(filepath.Dir(p.file), path)
 	}
 	data, err := p.readFile(path)
 	if err != nil {
-		p.errorf(n, "%s: consul_token_file: %v", what, err)
+		// The path is not shown: a token pasted here instead of a path
+		// must not reach a log. The line says which file.
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		p.errorf(n, "%s: consul_token_file (path not shown, %d characters): cannot read it: %v; want the path of a file holding the token, not the token", what, len(path), err)
 		return ""
 	}
 	tok := strings.TrimSpace(string(data))
 	if tok == "" || strings.ContainsAny(tok, "\r\n\t ") {
-		p.errorf(n, "%s: consul_token_file %s: want one token on one line", what, path)
+		p.errorf(n, "%s: consul_token_file: the file holds %s: want one token on one line", what, tokenShape(tok))
 		return ""
 	}
 	return Secret(tok)
+}
+
+// tokenShape says what is wrong with a token file's contents without them.
+func tokenShape(tok string) string {
+	if tok == "" {
+		return "nothing"
+	}
+	return fmt.Sprintf("%d lines or words", len(strings.Fields(tok)))
 }
 
 // mapping checks that n is a mapping with only the given keys, each once,

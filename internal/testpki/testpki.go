@@ -81,6 +81,14 @@ func (ca *CA) Client(t testing.TB, cn string, uris ...string) *Pair {
 	return ca.issue(t, tmpl)
 }
 
+// ClientSubject issues a client certificate with the given subject (for
+// subjects Client cannot write, such as two Common Names through
+// ExtraNames).
+func (ca *CA) ClientSubject(t testing.TB, subject pkix.Name) *Pair {
+	t.Helper()
+	return ca.issue(t, &x509.Certificate{Subject: subject, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+}
+
 func (ca *CA) issue(t testing.TB, tmpl *x509.Certificate) *Pair {
 	t.Helper()
 	key := newKey(t)

@@ -294,7 +294,7 @@ func requestSeeds() []requestSeed {
 	uuid := "6f0c2a1e-3b4d-4c5e-8f9a-0b1c2d3e4f50"
 	var out []requestSeed
 	add := func(kind string, m proto.Message) { out = append(out, requestSeed{idx(kind), enc(m)}) }
-	for _, key := range []string{"fuzz/ok", "", "/lead", "a//b", "a/./b", "a/../b", "ctl\x01", strings.Repeat("k", 513), "k\u2028", "é/ü"} {
+	for _, key := range []string{"fuzz/ok", "", "/lead", "a//b", "a/./b", "a/../b", "ctl\x01", strings.Repeat("k", 513), "k\u2028", "k\u200b", "é/ü"} {
 		add("Acquire", &lockbrokerv1.AcquireRequest{Key: key, WaitTimeout: durationpb.New(0)})
 		add("Watch", &lockbrokerv1.WatchRequest{Key: key})
 		add("GetLock", &lockbrokerv1.GetLockRequest{Key: key})

@@ -19,7 +19,6 @@ import (
 	"github.com/hashicorp/consul/api"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -87,6 +86,14 @@ func (s *shared) writeTenants(t *testing.T, extraOrders string) {
 
 func startShared(t *testing.T) *shared {
 	t.Helper()
+	return startSharedWith(t, nil)
+}
+
+// startSharedWith is startShared with a tenants file of the test's own:
+// tenants (unless nil) writes it, once the certificates and token files
+// are in s.dir.
+func startSharedWith(t *testing.T, tenants func(s *shared) string) *shared {
+	t.Helper()
 	root := brokertest.RepoRoot(t)
 	s := &shared{dir: t.TempDir(), ca: testpki.NewCA(t, "security test CA")}
 	s.agent = consultest.StartACL(t, consultest.WithHCL(`log_level = "trace"`)) // the most Consul logs, searched for tokens at the end
@@ -113,6 +120,9 @@ key_prefix "lockbroker/sessions/" { policy = "write" }`)
 	s.halfpriv = s.ca.Client(t, "halfpriv")
 	s.tenantsFile = filepath.Join(s.dir, "tenants.yaml")
 	s.writeTenants(t, "")
+	if tenants != nil {
+		require.NoError(t, os.WriteFile(s.tenantsFile, []byte(tenants(s)), 0o600))
+	}
 	s.broker = startBroker(t, true,
 		[]string{"CONSUL_HTTP_ADDR=" + s.agent.HTTPAddr(), "CONSUL_HTTP_TOKEN=" + s.brokerToken},
 		"--tls-cert", s.certFile, "--tls-key", s.keyFile, "--tls-client-ca", s.caFile, "--tenants", s.tenantsFile)
@@ -348,22 +358,7 @@ func TestSharedService(t *testing.T) {
 			require.NotNil(t, ev.GetAcquired())
 		}
 		_, _, err := acquire(t, ctx, payments, &lockbrokerv1.AcquireRequest{Key: "payments/q3"})
-		requireStatus(t, err, codes.ResourceExhausted, "QUOTA_EXCEEDED")
-		var qf *errdetails.QuotaFailure
-		var ri *errdetails.RetryInfo
-		for _, d := range status.Convert(err).Details() {
-			switch x := d.(type) {
-			case *errdetails.QuotaFailure:
-				qf = x
-			case *errdetails.RetryInfo:
-				ri = x
-			}
-		}
-		require.NotNil(t, qf)
-		assert.Equal(t, "tenant:payments", qf.GetViolations()[0].GetSubject())
-		assert.Contains(t, qf.GetViolations()[0].GetDescription(), "max_holds")
-		require.NotNil(t, ri)
-		assert.Positive(t, ri.GetRetryDelay().AsDuration())
+		requireQuotaFailure(t, err, "payments", "max_holds")
 		cancel()
 		require.Eventually(t, func() bool {
 			_, ev, err := acquire(t, ctx, payments, &lockbrokerv1.AcquireRequest{Key: "payments/q3", WaitTimeout: durationpb.New(0)})

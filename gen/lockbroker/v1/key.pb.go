@@ -37,7 +37,10 @@ var file_lockbroker_v1_key_proto_extTypes = []protoimpl.ExtensionInfo{
 // Extension fields to validate.StringRules.
 var (
 	// lock_key: non-empty UTF-8, at most 512 bytes, no leading or trailing
-	// `/`, no empty, `.` or `..` segment, no control characters.
+	// `/`, no empty, `.` or `..` segment, no control characters, and no
+	// other non-printing character (format characters such as U+200B, line
+	// and paragraph separators, spaces other than U+0020, private-use and
+	// unassigned code points: Consul's HTTP API refuses a key with one, 400).
 	//
 	// optional bool lock_key = 1161001;
 	E_LockKey = &file_lockbroker_v1_key_proto_extTypes[0]
@@ -47,8 +50,8 @@ var File_lockbroker_v1_key_proto protoreflect.FileDescriptor
 
 const file_lockbroker_v1_key_proto_rawDesc = "" +
 	"\n" +
-	"\x17lockbroker/v1/key.proto\x12\rlockbroker.v1\x1a\x1bbuf/validate/validate.proto:\xf5\x05\n" +
-	"\block_key\x12\x19.buf.validate.StringRules\x18\xa9\xeeF \x01(\bB\xbc\x05\xc2H\xb8\x05\n" +
+	"\x17lockbroker/v1/key.proto\x12\rlockbroker.v1\x1a\x1bbuf/validate/validate.proto:\xa6\a\n" +
+	"\block_key\x12\x19.buf.validate.StringRules\x18\xa9\xeeF \x01(\bB\xed\x06\xc2H\xe9\x06\n" +
 	"D\n" +
 	"\x0elock_key.empty\x1a2!rule || size(this) > 0 ? '' : 'must not be empty'\n" +
 	"}\n" +
@@ -60,7 +63,9 @@ const file_lockbroker_v1_key_proto_rawDesc = "" +
 	"s\n" +
 	"\x14lock_key.dot_segment\x1a[!rule || !this.matches('(^|/)[.][.]?(/|$)') ? '' : 'must not contain a \".\" or \"..\" segment'\n" +
 	"w\n" +
-	"\x1alock_key.control_character\x1aY!rule || !this.matches('[\\\\x00-\\\\x1f\\\\x7f]') ? '' : 'must not contain control characters'R\alockKeyBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1"
+	"\x1alock_key.control_character\x1aY!rule || !this.matches('[\\\\x00-\\\\x1f\\\\x7f]') ? '' : 'must not contain control characters'\n" +
+	"\xae\x01\n" +
+	"\x15lock_key.non_printing\x1a\x94\x01!rule || !this.matches('[^\\\\p{L}\\\\p{M}\\\\p{N}\\\\p{P}\\\\p{S} \\\\x00-\\\\x1f\\\\x7f]') ? '' : 'must not contain non-printing characters (Consul refuses them)'R\alockKeyBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1"
 
 var file_lockbroker_v1_key_proto_goTypes = []any{
 	(*validate.StringRules)(nil), // 0: buf.validate.StringRules

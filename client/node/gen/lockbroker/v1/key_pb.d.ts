@@ -14,7 +14,10 @@ export declare const file_lockbroker_v1_key: GenFile;
 
 /**
  * lock_key: non-empty UTF-8, at most 512 bytes, no leading or trailing
- * `/`, no empty, `.` or `..` segment, no control characters.
+ * `/`, no empty, `.` or `..` segment, no control characters, and no
+ * other non-printing character (format characters such as U+200B, line
+ * and paragraph separators, spaces other than U+0020, private-use and
+ * unassigned code points: Consul's HTTP API refuses a key with one, 400).
  *
  * @generated from extension: optional bool lock_key = 1161001;
  */
