@@ -175,7 +175,7 @@ type TryAcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The lock key, or the semaphore prefix (see AcquireRequest.key).
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// The holder's value (see AcquireRequest.value). At most 512 KiB.
+	// The holder's value (see AcquireRequest.value). At most 256 KiB.
 	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	// Slots, as in AcquireRequest.limit.
 	Limit uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
@@ -308,7 +308,10 @@ type AcquireRequest struct {
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The holder's value: its identity (a leader's address, a host name). For
 	// a lock it is the key's value; for a semaphore, the contender entry's.
-	// At most 512 KiB (Consul's KV limit).
+	// At most 256 KiB (262,144 bytes; INVALID_ARGUMENT naming `value` beyond):
+	// the grant is one Consul transaction, whose whole body (the value in
+	// base64, with the other operations) must fit Consul's default
+	// txn_max_req_len of 512 KiB.
 	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	// 0 or 1: an exclusive lock. 2 to 1024: a semaphore with that many slots;
 	// every holder of one prefix must ask for the same limit.
@@ -1296,7 +1299,7 @@ type SetValueRequest struct {
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The holder's session.
 	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// The new value. At most 512 KiB.
+	// The new value. At most 256 KiB (see AcquireRequest.value).
 	Value []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
 	// Optional precondition: the token of the grant whose value to change.
 	// Non-zero: FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the
@@ -1522,7 +1525,7 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\x11TryAcquireRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n" +
-	"\x05value\x18\x02 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80 R\x05value\x12\x1e\n" +
+	"\x05value\x18\x02 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x1e\n" +
 	"\x05limit\x18\x03 \x01(\rB\b\xbaH\x05*\x03\x18\x80\bR\x05limit\x12'\n" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x128\n" +
@@ -1532,7 +1535,7 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\x0eAcquireRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n" +
-	"\x05value\x18\x02 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80 R\x05value\x12\x1e\n" +
+	"\x05value\x18\x02 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x1e\n" +
 	"\x05limit\x18\x03 \x01(\rB\b\xbaH\x05*\x03\x18\x80\bR\x05limit\x12L\n" +
 	"\fwait_timeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x052\x00R\vwaitTimeout\x12@\n" +
 	"\vnew_session\x18\x05 \x01(\v2\x1d.lockbroker.v1.SessionOptionsH\x00R\n" +
@@ -1594,7 +1597,7 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12'\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x1f\n" +
-	"\x05value\x18\x03 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80 R\x05value\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x14\n" +
 	"\x05token\x18\x04 \x01(\x04R\x05token\"J\n" +
 	"\x10SetValueResponse\x126\n" +
 	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\"W\n" +

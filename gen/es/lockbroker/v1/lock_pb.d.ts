@@ -27,7 +27,7 @@ export declare type TryAcquireRequest = Message<"lockbroker.v1.TryAcquireRequest
   key: string;
 
   /**
-   * The holder's value (see AcquireRequest.value). At most 512 KiB.
+   * The holder's value (see AcquireRequest.value). At most 256 KiB.
    *
    * @generated from field: bytes value = 2;
    */
@@ -100,7 +100,10 @@ export declare type AcquireRequest = Message<"lockbroker.v1.AcquireRequest"> & {
   /**
    * The holder's value: its identity (a leader's address, a host name). For
    * a lock it is the key's value; for a semaphore, the contender entry's.
-   * At most 512 KiB (Consul's KV limit).
+   * At most 256 KiB (262,144 bytes; INVALID_ARGUMENT naming `value` beyond):
+   * the grant is one Consul transaction, whose whole body (the value in
+   * base64, with the other operations) must fit Consul's default
+   * txn_max_req_len of 512 KiB.
    *
    * @generated from field: bytes value = 2;
    */
@@ -633,7 +636,7 @@ export declare type SetValueRequest = Message<"lockbroker.v1.SetValueRequest"> &
   sessionId: string;
 
   /**
-   * The new value. At most 512 KiB.
+   * The new value. At most 256 KiB (see AcquireRequest.value).
    *
    * @generated from field: bytes value = 3;
    */
