@@ -184,6 +184,8 @@ func (h *hold) releaseOps(st *State) (ops []Op, next *record, err error) {
 // releaseRemote releases a hold whose stream is not on this replica (or
 // has none). The releasing transaction drops the key from the session's
 // record, which tells the stream, wherever it is, that a Release ended it.
+// It goes through the caller's tenant's store (its Consul token), not the
+// broker's: the hold's own replica would have used that one too.
 func (b *Broker) releaseRemote(ctx context.Context, key, session string, token uint64) (bool, error) {
 	for attempt := range maxWriteAttempts {
 		if attempt > 0 {
@@ -193,7 +195,7 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 		if err != nil {
 			return false, err
 		}
-		if err := rec.allows(TenantFrom(ctx)); err != nil {
+		if err := allowed(ctx, rec, TenantFrom(ctx)); err != nil {
 			return false, err
 		}
 		hd, holds := st.holder(session)
@@ -210,7 +212,7 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 		if err != nil {
 			return false, err
 		}
-		res, err := b.store.Txn(ctx, ops)
+		res, err := b.storeFor(TenantFrom(ctx)).Txn(ctx, ops)
 		if err == nil {
 			b.noteRelease(ops, res)
 		}

@@ -102,7 +102,7 @@ func (b *Broker) DestroySession(ctx context.Context, id string) error {
 	if tenant != "" && rec.index == 0 {
 		return b.destroyedAlready(ctx, id)
 	}
-	if err := rec.allows(tenant); err != nil {
+	if err := allowed(ctx, rec, tenant); err != nil {
 		return err
 	}
 	st := b.storeFor(tenant)
