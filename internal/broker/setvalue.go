@@ -15,10 +15,10 @@ func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte
 		if err := allowed(ctx, rec, TenantFrom(ctx)); err != nil {
 			return nil, err
 		}
-		hd, ok := st.holder(session)
-		if err := rec.tokenRequired(key, token); ok && err != nil {
+		if err := rec.tokenRequired(token); err != nil {
 			return nil, err
 		}
+		hd, ok := st.holder(session)
 		if !ok {
 			if _, err := b.store.Session(ctx, session); err != nil {
 				return nil, sessionError(err, session)

@@ -960,15 +960,20 @@ type ReleaseRequest struct {
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The holder's session.
 	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// Optional precondition: the token of the grant to release (from
-	// `acquired.sequencer.token`). Non-zero: the release happens only while
-	// that grant is the session's current hold of the key; otherwise
-	// FAILED_PRECONDITION (NOT_HOLDER) when another grant holds it, or OK
-	// with `released` false when the key is already free. Zero: no
-	// precondition, except for a grant on a session that held the key before
-	// (the broker reuses idle sessions it created): releasing it without the
-	// token is INVALID_ARGUMENT naming `token`, since the request may be a
-	// late one from the earlier holder. Clients should always send it.
+	// The token of the grant to release (from `acquired.sequencer.token`).
+	// Required for a session the broker made (an Acquire without
+	// `session_id`): without it, Release is INVALID_ARGUMENT naming `token`
+	// while that session lives, whatever it held before (the broker reuses
+	// the idle sessions it made, so a token-less request could be a late one
+	// from an earlier holder of the same session). Optional for a
+	// client-owned session (made with CreateSession): zero releases the
+	// session's hold of the key, whichever grant it is. Non-zero: the
+	// release happens only while that grant is the session's current hold of
+	// the key; a grant that has ended (the key free, written since, or held
+	// by a later grant of the same session) answers OK with `released`
+	// false, so a retry after success is OK; a token newer than the key's
+	// last write while another session holds it is FAILED_PRECONDITION
+	// (NOT_HOLDER). Clients should always send it.
 	Token         uint64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1301,11 +1306,11 @@ type SetValueRequest struct {
 	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The new value. At most 256 KiB (see AcquireRequest.value).
 	Value []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
-	// Optional precondition: the token of the grant whose value to change.
-	// Non-zero: FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the
-	// session's current hold of the key. Zero: no precondition, except for a
-	// grant on a session that held the key before (see ReleaseRequest.token):
-	// INVALID_ARGUMENT naming `token`.
+	// The token of the grant whose value to change. Required for a session
+	// the broker made, as in ReleaseRequest.token (INVALID_ARGUMENT naming
+	// `token` without it); optional for a client-owned session. Non-zero:
+	// FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the session's
+	// current hold of the key.
 	Token         uint64 `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
