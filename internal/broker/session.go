@@ -126,6 +126,7 @@ func (b *Broker) destroyedAlready(ctx context.Context, id string) error {
 	case err != nil:
 		return err
 	}
+	noteForeign(ctx) // a session made outside the broker: no tenant's
 	return sessionError(ErrSessionNotFound, id)
 }
 

@@ -46,11 +46,16 @@ func ContextWithForeignNotice(ctx context.Context) (context.Context, func() bool
 func allowed(ctx context.Context, rec *record, tenant string) error {
 	err := rec.allows(tenant)
 	if err != nil {
-		if f, ok := ctx.Value(foreignKey{}).(*atomic.Bool); ok {
-			f.Store(true)
-		}
+		noteForeign(ctx)
 	}
 	return err
+}
+
+// noteForeign raises ctx's foreign-session flag, if it has one.
+func noteForeign(ctx context.Context) {
+	if f, ok := ctx.Value(foreignKey{}).(*atomic.Bool); ok {
+		f.Store(true)
+	}
 }
 
 // WithTenantStore gives each tenant's holds a store of their own (a

@@ -215,6 +215,8 @@ func TestTenantWritesUseTenantToken(t *testing.T) {
 // as long as the request was repeated), then answered NOT_FOUND. The
 // renewal shows with mallory, whose token may not renew sessions: the
 // answer was CONSUL_PERMISSION_DENIED ("session renew"), not NOT_FOUND.
+// A DestroySession of a session made outside the broker is audited as
+// such a refusal too.
 func TestResumeOfForeignSessionWritesNothing(t *testing.T) {
 	s := startTwoReplicas(t)
 	ctx := timeout(t, time.Minute)
@@ -236,15 +238,28 @@ func TestResumeOfForeignSessionWritesNothing(t *testing.T) {
 		requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 		t.Logf("%s: %v", tt.name, err)
 	}
+	// A session made outside the broker is no tenant's: destroying it is
+	// refused, and audited, too.
+	outside, _, err := s.mgmt.Session().Create(&api.SessionEntry{TTL: "30s"}, nil)
+	require.NoError(t, err)
+	_, err = lockbrokerv1.NewSessionServiceClient(s.ordersA).DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: outside})
+	requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
+
 	require.Eventually(t, func() bool {
-		n := 0
+		n, m := 0, 0
 		for _, l := range s.a.logLines(t) {
-			if l["logger"] == "audit" && l["result"] == "NOT_FOUND" && l["foreign_session"] == true && l["session"] == seq.GetSessionId() {
+			if l["logger"] != "audit" || l["result"] != "NOT_FOUND" || l["foreign_session"] != true {
+				continue
+			}
+			switch l["session"] {
+			case seq.GetSessionId():
 				n++
+			case outside:
+				m++
 			}
 		}
-		return n == 2
-	}, 5*time.Second, 50*time.Millisecond, "both refusals audited")
+		return n == 2 && m == 1
+	}, 5*time.Second, 50*time.Millisecond, "the three refusals audited")
 }
 
 func durationpbZero() *durationpb.Duration { return durationpb.New(0) }
