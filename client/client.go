@@ -66,7 +66,7 @@ func session(r *lockbrokerv1.AcquireRequest) *lockbrokerv1.SessionOptions {
 }
 
 // WithValue sets the holder's value (its identity; default empty; at most
-// 512 KiB, else INVALID_ARGUMENT).
+// 256 KiB, else INVALID_ARGUMENT naming value).
 func WithValue(v []byte) LockOption { return func(r *lockbrokerv1.AcquireRequest) { r.Value = v } }
 
 // WithTTL sets the session TTL (default 15s; 10s to 24h, else

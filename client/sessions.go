@@ -108,9 +108,10 @@ func (c *Client) TryAcquire(ctx context.Context, sessionID, key string, opts ...
 
 // Release ends the hold of key by sessionID, from any replica (for
 // client-owned sessions; a Lease has its own Release). With a non-zero
-// token it releases only that grant: another grant of the session is
-// ErrNotHolder. released is false when the session did not hold the key
-// (a retry after success).
+// token it releases only that grant; a token is required for a session
+// the broker made (ErrInvalidArgument without one). released is false
+// when the session did not hold the key, or token's grant has ended (a
+// retry after success).
 func (c *Client) Release(ctx context.Context, key, sessionID string, token uint64) (released bool, err error) {
 	err = c.each(func(i int) error {
 		resp, err := c.locks[i].Release(ctx, &lockbrokerv1.ReleaseRequest{Key: key, SessionId: sessionID, Token: token})

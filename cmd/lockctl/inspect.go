@@ -93,7 +93,7 @@ func cmdRelease(ctx context.Context, c *cli, args []string) error {
 		"End the hold of SESSION on KEY, from anywhere. The process holding it\n"+
 			"(e.g. a `lockctl lock`) is told the lock is lost. Releasing a key the\n"+
 			"session no longer holds succeeds and says so. --grant-token releases only that\n"+
-			"grant (needed for a grant on a session the broker reused for the key).\n")
+			"grant; it is required when the broker made the session (a `lockctl lock`'s).\n")
 	token := fs.Uint64("grant-token", 0, "the grant's token (acquired.sequencer.token): release only that grant")
 	pos, err := c.parseArgs(fs, args, "KEY", "SESSION")
 	if err != nil {

@@ -30,7 +30,7 @@ type hold struct {
 	pooled *pooled   // the pool's session this hold uses, if any
 	again  bool      // the pooled session held the key before (record.Again)
 	unsure bool      // a grant transaction was cut off in flight (see settle)
-	ahead  *heldRead // a resume's reads, started with its renewal (openResumed)
+	ahead  *heldRead // a resume's reads, made with or before its renewal (openResumed)
 	guard  *guard    // the session record's index, checked by the sweeper
 	// handedOver is the hand-off slot whose releaser waits until begin
 	// has announced the grant it delivered (see handOff).
@@ -248,7 +248,7 @@ func (h *hold) openClientSession(ctx context.Context) error {
 	if recErr != nil {
 		return recErr
 	}
-	if err := rec.allows(h.tenant); err != nil {
+	if err := allowed(ctx, rec, h.tenant); err != nil {
 		return err
 	}
 	h.session, h.ttl, h.del = info.ID, info.TTL, info.Delete

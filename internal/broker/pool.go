@@ -15,13 +15,14 @@ import (
 // one to release, Consul's floor, even on a hot key.
 //
 // Reuse is safe because:
-//   - a session given a key it held before marks that grant in its record
-//     (record.Again): a Release or SetValue of it must name the grant's
-//     token (INVALID_ARGUMENT otherwise), so a late Release from the
-//     earlier holder, which names the earlier token or none, cannot end
-//     the new grant. Every client library sends the token. A session that
-//     never held the key is preferred, so a token-less Release still
-//     works for most grants;
+//   - a Release or SetValue of a grant on a broker-owned session must
+//     name the grant's token (INVALID_ARGUMENT otherwise, for every such
+//     session: see record.tokenRequired), so a late Release from an
+//     earlier holder of the same session, which names the earlier token,
+//     cannot end a new grant of the same key (it answers OK, nothing
+//     released). Every client library sends the token. A session that
+//     never held the key is still preferred, and a grant of a key the
+//     session held before is marked in its record (record.Again);
 //   - every grant and release writes or checks the record, whose guard
 //     fences a replica that lost the session (a resume elsewhere);
 //   - a pool serves one tenant: its sessions are made with the tenant's

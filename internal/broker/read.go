@@ -36,6 +36,20 @@ func (b *Broker) startReadHold(ctx context.Context, key, session string) *heldRe
 		rec: async(func() (*record, error) { return b.readRecord(ctx, session) })}
 }
 
+// abandon cancels the reads whose answer is not wanted, and waits for
+// them to end, so that nothing outlives their caller.
+func (r *heldRead) abandon() {
+	r.cancel()
+	_, _, _ = r.wait()
+}
+
+// readDone is a heldRead whose answer is already known.
+func readDone(st *State, rec *record) *heldRead {
+	return &heldRead{cancel: func() {},
+		st:  func() (*State, error) { return st, nil },
+		rec: func() (*record, error) { return rec, nil }}
+}
+
 // wait returns the reads' answer: the state's error first, as readState
 // then readRecord would.
 func (r *heldRead) wait() (*State, *record, error) {
@@ -49,13 +63,6 @@ func (r *heldRead) wait() (*State, *record, error) {
 		return nil, nil, err
 	}
 	return st, rec, nil
-}
-
-// abandon cancels the reads whose answer is not wanted, and waits for
-// them to end, so that nothing outlives their caller.
-func (r *heldRead) abandon() {
-	r.cancel()
-	_, _, _ = r.wait()
 }
 
 // async runs f on a goroutine of its own; the function it returns waits

@@ -50,8 +50,9 @@ type record struct {
 	Since map[string]int64  `json:"since,omitempty"`
 	Holds map[string]uint64 `json:"holds"`
 	// Again lists the held keys whose grant is not the session's first of
-	// that key (a pooled session given a key again): releasing or setting
-	// the value of such a grant needs its token (see tokenRequired).
+	// that key (a pooled session given a key again), for operators:
+	// releasing or setting the value of any grant of a broker-owned
+	// session needs its token (see tokenRequired).
 	Again map[string]bool `json:"again,omitempty"`
 
 	session string // the session id (from the key)
@@ -133,14 +134,17 @@ func (r *record) without(key string) *record {
 	return n
 }
 
-// tokenRequired refuses a token-less Release or SetValue of a grant the
-// session got again (record.Again): the request may be a late one from
-// the session's earlier holder of the key.
-func (r *record) tokenRequired(key string, token uint64) error {
-	if token != 0 || !r.Again[key] {
+// tokenRequired refuses a token-less Release or SetValue of a live
+// broker-owned session (one with an owner): such a session may be a
+// pooled one that held the key before, and a request without a token may
+// be a late one from that earlier holder. The rule is the same for every
+// broker-owned session, pooled or not, whatever it held before, so that a
+// caller can know it in advance.
+func (r *record) tokenRequired(token uint64) error {
+	if token != 0 || r.Owner == "" || !r.live {
 		return nil
 	}
-	return invalid("token", "is required: session %s held %q before this grant (the broker reuses idle sessions), so a release or value change must name the grant's token (acquired.sequencer.token)", r.session, key)
+	return invalid("token", "is required: session %s was made by the broker for an Acquire stream, so a release or value change must name the grant's token (acquired.sequencer.token)", r.session)
 }
 
 // guard is the op that conditions a transaction on the record being as

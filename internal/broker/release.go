@@ -8,9 +8,12 @@ import (
 // Release ends the hold of session on key, from any replica, and returns
 // once Consul committed it. With token > 0 it releases only that grant. It
 // returns false when the session does not hold the key any more and
-// nobody else does (idempotent), ErrSessionNotFound for an unknown
-// session, and ErrNotHolder when the session does not hold the key (or
-// not that grant) while someone does.
+// nobody else does, or when token names a grant that has ended (the
+// session holds a later grant of the key, or the key changed since:
+// idempotent, a retry after success is OK), ErrSessionNotFound for an
+// unknown session, ErrInvalid without a token for a live broker-owned
+// session (see record.tokenRequired), and ErrNotHolder when the session
+// does not hold the key (or not that grant) while someone does.
 func (b *Broker) Release(ctx context.Context, key, session string, token uint64) (bool, error) {
 	ok, err := b.releaseAny(ctx, key, session, token)
 	switch {
@@ -114,7 +117,7 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 	if token != 0 && token != seq.Token {
 		return false, nil, false
 	}
-	if err := h.record().tokenRequired(h.spec.Key, token); err != nil {
+	if err := h.record().tokenRequired(token); err != nil {
 		return false, err, true
 	}
 	if !h.life.BeginRelease() {
@@ -184,6 +187,8 @@ func (h *hold) releaseOps(st *State) (ops []Op, next *record, err error) {
 // releaseRemote releases a hold whose stream is not on this replica (or
 // has none). The releasing transaction drops the key from the session's
 // record, which tells the stream, wherever it is, that a Release ended it.
+// It goes through the caller's tenant's store (its Consul token), not the
+// broker's: the hold's own replica would have used that one too.
 func (b *Broker) releaseRemote(ctx context.Context, key, session string, token uint64) (bool, error) {
 	for attempt := range maxWriteAttempts {
 		if attempt > 0 {
@@ -193,24 +198,30 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 		if err != nil {
 			return false, err
 		}
-		if err := rec.allows(TenantFrom(ctx)); err != nil {
+		if err := allowed(ctx, rec, TenantFrom(ctx)); err != nil {
+			return false, err
+		}
+		if err := rec.tokenRequired(token); err != nil {
 			return false, err
 		}
 		hd, holds := st.holder(session)
-		if err := rec.tokenRequired(key, token); holds && err != nil {
-			return false, err
-		}
 		if !holds {
-			return false, b.notHolder(ctx, st, session)
+			return false, b.notHolder(ctx, st, session, token)
 		}
-		if token != 0 && rec.token(key) != token && !(rec.token(key) == 0 && hd.Token == token) {
+		if cur := rec.token(key); token != 0 && token != cur && !(cur == 0 && hd.Token == token) {
+			if cur == 0 {
+				cur = hd.Token
+			}
+			if token < cur {
+				return false, nil // a later grant of the session: token's has ended
+			}
 			return false, newError(ErrNotHolder, ReasonNotHolder, "session %s holds %q with another grant than token %d", session, key, token).withState(st)
 		}
 		ops, err := b.remoteReleaseOps(ctx, st, rec, hd, session)
 		if err != nil {
 			return false, err
 		}
-		res, err := b.store.Txn(ctx, ops)
+		res, err := b.storeFor(TenantFrom(ctx)).Txn(ctx, ops)
 		if err == nil {
 			b.noteRelease(ops, res)
 		}
@@ -257,11 +268,16 @@ func (b *Broker) remoteReleaseOps(ctx context.Context, st *State, rec *record, h
 }
 
 // notHolder is Release's answer when session does not hold st's key:
-// NOT_FOUND for an unknown session, OK (nothing to do) when nobody holds
-// it, else NOT_HOLDER with the holders.
-func (b *Broker) notHolder(ctx context.Context, st *State, session string) error {
+// NOT_FOUND for an unknown session; OK (nothing to do) when nobody holds
+// it, or when token names a grant that has ended (it is older than the
+// key's newest write: a grant's token is the index of a write to the key,
+// which only grows); else NOT_HOLDER with the holders.
+func (b *Broker) notHolder(ctx context.Context, st *State, session string, token uint64) error {
 	if _, err := b.store.Session(ctx, session); err != nil {
 		return sessionError(err, session)
+	}
+	if token != 0 && token <= st.newest() {
+		return nil
 	}
 	if st.Kind == KindNone && !b.releasedRecently(st.Key, session) {
 		return newError(ErrNotHolder, ReasonNotHolder, "session %s does not hold %q: there is no lock or semaphore there", session, st.Key).withState(st)

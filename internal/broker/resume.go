@@ -7,18 +7,44 @@ import (
 
 // openResumed renews the session of a hold to resume: the replica that
 // renewed it last is gone, so only a renewal of our own tells how long it
-// is safe. The reads resume checks against go out with the renewal: the
-// client hears nothing while it resumes, and this makes a resume two round
-// trips to Consul (these three at once, then the transaction), not four.
-// Reading before the renewal answers is safe: resume's transaction is
-// conditioned on everything it read.
+// is safe.
+//
+// For a tenant of a shared broker it renews only once the key's state and
+// the session's record, read consistently, show that the caller may
+// resume it (the session is its tenant's, broker-owned, and its current
+// grant of the key is the one named): no Consul write is made for a
+// request that is then refused, so nobody keeps another tenant's session
+// alive by asking to resume it. That costs the resume a round trip to
+// Consul (three: the reads, the renewal, the transaction).
+//
+// Single-tenant, where any caller may renew any session anyway
+// (RenewSession), the reads go out with the renewal: the client hears
+// nothing while it resumes, and this makes a resume two round trips (these
+// three at once, then the transaction), not three; reading before the
+// renewal answers is safe, as resume's transaction is conditioned on
+// everything it read. Either way resume's first check uses these reads.
 func (h *hold) openResumed(ctx context.Context) error {
 	s := h.spec.Resume
 	if s.Key != h.spec.Key {
 		return invalid("resume.key", "%q differs from key %q", s.Key, h.spec.Key)
 	}
-	h.start = time.Now()
 	ahead := h.b.startReadHold(ctx, s.Key, s.Session)
+	if h.tenant != "" {
+		st, rec, err := ahead.wait()
+		if err != nil {
+			return err
+		}
+		if err := h.resumable(ctx, st, rec); err != nil {
+			if !rec.live { // perhaps no session at all: NOT_FOUND, as a renewal would say
+				if _, serr := h.st.Session(ctx, s.Session); serr != nil {
+					return sessionError(serr, s.Session)
+				}
+			}
+			return err
+		}
+		ahead = readDone(st, rec)
+	}
+	h.start = time.Now()
 	info, err := h.st.RenewSession(ctx, s.Session)
 	if err != nil {
 		ahead.abandon()
@@ -27,6 +53,16 @@ func (h *hold) openResumed(ctx context.Context) error {
 	h.ahead = ahead
 	h.session, h.owned, h.ttl, h.del = info.ID, true, info.TTL, info.Delete
 	return nil
+}
+
+// resumable says why the caller may not resume its spec's Resume from st
+// and rec, or nil: another tenant's session is NOT_FOUND, as if it did not
+// exist.
+func (h *hold) resumable(ctx context.Context, st *State, rec *record) error {
+	if err := allowed(ctx, rec, h.tenant); err != nil {
+		return err
+	}
+	return resumable(st, rec, *h.spec.Resume, h.sem, h.limit)
 }
 
 // resume re-attaches a hold made on another replica: it checks, with
@@ -50,10 +86,7 @@ func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := rec.allows(h.tenant); err != nil {
-			return nil, err
-		}
-		if err := resumable(st, rec, seq, h.sem, h.limit); err != nil {
+		if err := h.resumable(ctx, st, rec); err != nil {
 			return nil, err
 		}
 		target := seq.Key

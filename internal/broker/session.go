@@ -102,7 +102,7 @@ func (b *Broker) DestroySession(ctx context.Context, id string) error {
 	if tenant != "" && rec.index == 0 {
 		return b.destroyedAlready(ctx, id)
 	}
-	if err := rec.allows(tenant); err != nil {
+	if err := allowed(ctx, rec, tenant); err != nil {
 		return err
 	}
 	st := b.storeFor(tenant)
@@ -126,6 +126,7 @@ func (b *Broker) destroyedAlready(ctx context.Context, id string) error {
 	case err != nil:
 		return err
 	}
+	noteForeign(ctx) // a session made outside the broker: no tenant's
 	return sessionError(ErrSessionNotFound, id)
 }
 

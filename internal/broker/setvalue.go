@@ -4,20 +4,21 @@ import "context"
 
 // SetValue changes the value of session's hold on key without giving it
 // up; the sequencer stays the same. With token > 0 it changes only that
-// grant's value.
+// grant's value. The write goes through the caller's tenant's store (its
+// Consul token), as every write made for a tenant does.
 func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte, token uint64) (*Sequencer, error) {
 	for range 20 {
 		st, rec, err := b.readHold(ctx, key, session)
 		if err != nil {
 			return nil, err
 		}
-		if err := rec.allows(TenantFrom(ctx)); err != nil {
+		if err := allowed(ctx, rec, TenantFrom(ctx)); err != nil {
+			return nil, err
+		}
+		if err := rec.tokenRequired(token); err != nil {
 			return nil, err
 		}
 		hd, ok := st.holder(session)
-		if err := rec.tokenRequired(key, token); ok && err != nil {
-			return nil, err
-		}
 		if !ok {
 			if _, err := b.store.Session(ctx, session); err != nil {
 				return nil, sessionError(err, session)
@@ -46,7 +47,7 @@ func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte
 			ops = append(ops, Op{Verb: OpCheckIndex, Key: target, Index: st.entry(target).ModifyIndex})
 		}
 		ops = append(ops, Op{Verb: OpLock, Key: target, Value: value, Flags: flags, Session: session})
-		_, err = b.store.Txn(ctx, ops)
+		_, err = b.storeFor(TenantFrom(ctx)).Txn(ctx, ops)
 		if te := asTxnError(err); te != nil {
 			if te.Has(TxnSessionInvalid) {
 				return nil, sessionError(ErrSessionNotFound, session)

@@ -56,6 +56,16 @@ func (st *State) entry(key string) *Entry {
 	return e
 }
 
+// newest is the highest ModifyIndex of the state's entries (0 when there
+// are none): every grant of the key so far has a token at most this.
+func (st *State) newest() uint64 {
+	var n uint64
+	for _, e := range st.entries {
+		n = max(n, e.ModifyIndex)
+	}
+	return n
+}
+
 // child returns the direct child entry <key>/<name>, or nil.
 func (st *State) child(name string) *Entry { return st.children[name] }
 

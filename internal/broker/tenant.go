@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,6 +26,36 @@ func ContextWithTenant(ctx context.Context, tenant string) context.Context {
 func TenantFrom(ctx context.Context) string {
 	t, _ := ctx.Value(tenantKey{}).(string)
 	return t
+}
+
+type foreignKey struct{}
+
+// ContextWithForeignNotice returns ctx with a flag the broker raises when
+// it refuses the call a session because the session is not the caller's
+// tenant's (the NOT_FOUND of another tenant's session, or of one made
+// outside the broker), and a function that reads the flag: the gRPC layer
+// audits those refusals, which the caller cannot tell from a session that
+// does not exist.
+func ContextWithForeignNotice(ctx context.Context) (context.Context, func() bool) {
+	var f atomic.Bool
+	return context.WithValue(ctx, foreignKey{}, &f), f.Load
+}
+
+// allowed is rec.allows(tenant), raising ctx's foreign-session flag (see
+// ContextWithForeignNotice) when it refuses.
+func allowed(ctx context.Context, rec *record, tenant string) error {
+	err := rec.allows(tenant)
+	if err != nil {
+		noteForeign(ctx)
+	}
+	return err
+}
+
+// noteForeign raises ctx's foreign-session flag, if it has one.
+func noteForeign(ctx context.Context) {
+	if f, ok := ctx.Value(foreignKey{}).(*atomic.Bool); ok {
+		f.Store(true)
+	}
 }
 
 // WithTenantStore gives each tenant's holds a store of their own (a
@@ -60,7 +91,7 @@ func (b *Broker) checkTenant(ctx context.Context, session string) error {
 	if err != nil {
 		return err
 	}
-	return rec.allows(tenant)
+	return allowed(ctx, rec, tenant)
 }
 
 // allows is checkTenant on a record already read.

@@ -73,6 +73,9 @@ type call struct {
 	release func()
 	// track follows an Acquire stream's events for the per-tenant gauges.
 	track *holdTracker
+	// foreign reports whether the broker refused the call a session of
+	// another tenant (or of none): nil for a call of no tenant.
+	foreign func() bool
 }
 
 // unary checks a call in three steps: who calls and may it call the
@@ -164,6 +167,7 @@ func (a *access) admitCall(ctx context.Context, c *call) (context.Context, error
 	if caller.Tenant == nil {
 		return ctx, permissionDenied("%s belongs to no tenant", caller.Identity)
 	}
+	ctx, c.foreign = broker.ContextWithForeignNotice(ctx)
 	return broker.ContextWithTenant(ctx, caller.Tenant.Name), nil
 }
 
@@ -231,7 +235,8 @@ func (a *access) finish(c *call, err error) {
 		a.quotas.denied(c.caller.Tenant)
 	}
 	if strings.HasPrefix(c.method, adminServicePrefix) || code == codes.PermissionDenied ||
-		code == codes.ResourceExhausted || code == codes.Unauthenticated {
+		code == codes.ResourceExhausted || code == codes.Unauthenticated ||
+		code == codes.NotFound && c.foreign != nil && c.foreign() {
 		a.record(c, err)
 	}
 }

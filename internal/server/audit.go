@@ -41,6 +41,9 @@ func (a *access) record(c *call, err error) {
 	if n.tenant != "" {
 		fields = append(fields, zap.String("target_tenant", clip(n.tenant)))
 	}
+	if c.foreign != nil && c.foreign() {
+		fields = append(fields, zap.Bool("foreign_session", true))
+	}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {
 			fields = append(fields, zap.String("reason", clip(info.GetReason())))

@@ -63,7 +63,7 @@ func fastViolations(msg any) (vs []violation, ok bool) {
 // lock_key, the value fields' bytes.max_len).
 const (
 	maxKeyBytes   = 512
-	maxValueBytes = 524288
+	maxValueBytes = 262144
 	maxLimit      = 1024
 )
 
@@ -144,7 +144,7 @@ func hasControl(k string) bool {
 
 func checkValue(vs []violation, field string, v []byte) []violation {
 	if len(v) > maxValueBytes {
-		vs = append(vs, violation{field, "must be at most 524288 bytes", "bytes.max_len"})
+		vs = append(vs, violation{field, "must be at most 262144 bytes", "bytes.max_len"})
 	}
 	return vs
 }

@@ -147,7 +147,7 @@ var (
 		{Seconds: 60}, {Seconds: 60, Nanos: 1}, {Seconds: 86400}, {Seconds: 86400, Nanos: 1}, {Seconds: 86401},
 		{Seconds: math.MaxInt64}, {Seconds: math.MinInt64}, {Seconds: 315576000001}, {Seconds: 1, Nanos: -1}, {Seconds: -1, Nanos: 1},
 		{Nanos: 2e9}, {Seconds: 5, Nanos: math.MaxInt32}, {Seconds: 20, Nanos: math.MinInt32}, durationpb.New(time.Hour)}
-	edgeValues = [][]byte{nil, {}, []byte("v"), make([]byte, 524288), make([]byte, 524289)}
+	edgeValues = [][]byte{nil, {}, []byte("v"), make([]byte, 262144), make([]byte, 262145)}
 	edgeLimits = []uint32{0, 1, 1024, 1025, math.MaxUint32}
 	edgeChecks = [][]string{nil, {}, {""}, {"serfHealth"}, {strings.Repeat("é", 256)}, {strings.Repeat("é", 257)},
 		{"a", "", strings.Repeat("x", 300)}, make([]string, 16), make([]string, 17), strings.Split(strings.Repeat("c,", 20), ",")}

@@ -72,7 +72,7 @@ func TestLeaderDiscoveryAndProclaim(t *testing.T) {
 	assert.Equal(t, seq.GetToken(), st.GetHolders()[0].GetToken(), "watchers see the same token")
 	assert.Equal(t, seq.GetLockIndex(), st.GetHolders()[0].GetLockIndex())
 
-	resp, err := granting.Locks(t).SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: key, SessionId: seq.GetSessionId(), Value: []byte("10.0.0.3:8080")})
+	resp, err := granting.Locks(t).SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: key, SessionId: seq.GetSessionId(), Value: []byte("10.0.0.3:8080"), Token: seq.GetToken()})
 	require.NoError(t, err)
 	assert.Equal(t, seq.GetToken(), resp.GetSequencer().GetToken(), "SetValue keeps the token")
 	assert.Equal(t, seq.GetLockIndex(), resp.GetSequencer().GetLockIndex(), "SetValue keeps the lock index")

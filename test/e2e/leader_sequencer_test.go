@@ -31,7 +31,7 @@ func TestLeaderCheckSequencerAfterLoss(t *testing.T) {
 		{
 			name: "release",
 			lose: func(t *testing.T, _ *consultest.Agent, c lockbrokerv1.LockServiceClient, seq *lockbrokerv1.Sequencer) {
-				resp, err := c.Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: seq.GetKey(), SessionId: seq.GetSessionId()})
+				resp, err := c.Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: seq.GetKey(), SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 				require.NoError(t, err)
 				require.True(t, resp.GetReleased())
 			},

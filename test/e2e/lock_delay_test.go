@@ -57,7 +57,7 @@ func TestLockDelay(t *testing.T) {
 		{
 			name: "released with Release", holderDelay: lockDelay,
 			free: func(t *testing.T, _ *stream, seq *lockbrokerv1.Sequencer) {
-				_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: seq.GetKey(), SessionId: seq.GetSessionId()})
+				_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: seq.GetKey(), SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 				require.NoError(t, err)
 			},
 			holderEnd: lkIsReleased,
@@ -81,7 +81,7 @@ func TestLockDelay(t *testing.T) {
 			// A change of the holder's value makes the waiter report again,
 			// so the broker has finished handling the first report (see
 			// TestLockDelayWhenHolderDiesAtOnce for the case without it).
-			_, err := c.SetValue(lkCtx(t), &lockbrokerv1.SetValueRequest{Key: key, SessionId: seq.GetSessionId(), Value: []byte("holder2")})
+			_, err := c.SetValue(lkCtx(t), &lockbrokerv1.SetValueRequest{Key: key, SessionId: seq.GetSessionId(), Value: []byte("holder2"), Token: seq.GetToken()})
 			require.NoError(t, err)
 			waiter.next(5*time.Second, func(r *lockbrokerv1.AcquireResponse) bool {
 				return r.GetQueued() != nil && len(r.GetQueued().GetState().GetHolders()) == 1 &&
@@ -223,7 +223,7 @@ func TestLockGrantAfterRenewalWhileQueued(t *testing.T) {
 
 	// The scenario is the wait itself: past the waiter's first renewal.
 	<-time.After(ttl/3 + time.Second)
-	_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: "renewed/a", SessionId: seq.GetSessionId()})
+	_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: "renewed/a", SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 	require.NoError(t, err)
 	a := waiter.acquired(5 * time.Second)
 	gf := a.GetGuaranteedFor().AsDuration()

@@ -77,7 +77,7 @@ func TestLockInteropWithConsulAPILock(t *testing.T) {
 	assert.Nil(t, lkAPILock(t, cc, key, true), "api.Lock took a key the broker holds")
 
 	// ...until the broker releases it.
-	_, err = c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId()})
+	_, err = c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 	require.NoError(t, err)
 	waiter.next(5*time.Second, lkIsReleased)
 	al = lkAPILock(t, cc, key, true)

@@ -28,7 +28,7 @@ func TestLockSetValueKeepsSequencer(t *testing.T) {
 	seq := s.acquired(5 * time.Second).GetSequencer()
 
 	for _, v := range []string{"10.0.0.2:80", "", "10.0.0.3:80"} {
-		resp, err := c.SetValue(lkCtx(t), &lockbrokerv1.SetValueRequest{Key: key, SessionId: seq.GetSessionId(), Value: []byte(v)})
+		resp, err := c.SetValue(lkCtx(t), &lockbrokerv1.SetValueRequest{Key: key, SessionId: seq.GetSessionId(), Value: []byte(v), Token: seq.GetToken()})
 		require.NoError(t, err)
 		assert.True(t, proto.Equal(seq, resp.GetSequencer()), "SetValue returned %v, want %v", resp.GetSequencer(), seq)
 
@@ -48,7 +48,7 @@ func TestLockSetValueKeepsSequencer(t *testing.T) {
 	}
 
 	// The hold was not disturbed: the next event is `released`, not `lost`.
-	_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId()})
+	_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 	require.NoError(t, err)
 	ev := s.next(5*time.Second, func(r *lockbrokerv1.AcquireResponse) bool { return r.GetKeepalive() == nil })
 	require.NotNil(t, ev.GetReleased(), "got %v", ev)
@@ -69,7 +69,7 @@ func TestLockResumeOnAnotherReplica(t *testing.T) {
 	c2 := r2.Locks(t)
 	s := acquire(t, c1, &lockbrokerv1.AcquireRequest{Key: key, Value: []byte("v1"), Session: fast()})
 	seq := s.acquired(5 * time.Second).GetSequencer()
-	_, err := c1.SetValue(lkCtx(t), &lockbrokerv1.SetValueRequest{Key: key, SessionId: seq.GetSessionId(), Value: []byte("v2")})
+	_, err := c1.SetValue(lkCtx(t), &lockbrokerv1.SetValueRequest{Key: key, SessionId: seq.GetSessionId(), Value: []byte("v2"), Token: seq.GetToken()})
 	require.NoError(t, err)
 
 	r1.Stop()
@@ -114,7 +114,7 @@ func TestLockResumeStale(t *testing.T) {
 	// First grant, released: its sequencer goes stale.
 	s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: own})
 	first := s.acquired(5 * time.Second).GetSequencer()
-	_, err = c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: first.GetSessionId()})
+	_, err = c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: first.GetSessionId(), Token: first.GetToken()})
 	require.NoError(t, err)
 	s.next(5*time.Second, lkIsReleased)
 

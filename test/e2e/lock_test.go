@@ -30,7 +30,7 @@ func TestLockQueueAndHandOff(t *testing.T) {
 	assert.Equal(t, seqA.GetSessionId(), q.GetState().GetHolders()[0].GetSessionId())
 	assert.Equal(t, []byte("A"), q.GetState().GetHolders()[0].GetValue())
 
-	_, err := c.Release(context.Background(), &lockbrokerv1.ReleaseRequest{Key: "jobs/a", SessionId: seqA.GetSessionId()})
+	_, err := c.Release(context.Background(), &lockbrokerv1.ReleaseRequest{Key: "jobs/a", SessionId: seqA.GetSessionId(), Token: seqA.GetToken()})
 	require.NoError(t, err)
 	a.next(5*time.Second, func(r *lockbrokerv1.AcquireResponse) bool { return r.GetReleased() != nil })
 	seqB := b.acquired(5 * time.Second).GetSequencer()

@@ -106,7 +106,7 @@ func TestLockTokenAcrossDeletes(t *testing.T) {
 		const key = "tokens/operator-delete"
 		for i := range 3 {
 			s, seq := take(t, "released", key, fast())
-			_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId()})
+			_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 			require.NoError(t, err)
 			s.next(5*time.Second, lkIsReleased)
 			s2, seq2 := take(t, "re-acquired", key, fast())

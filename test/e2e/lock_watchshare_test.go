@@ -115,7 +115,7 @@ func TestLockOneBlockingQueryPerKey(t *testing.T) {
 	openQueries(2, 5*time.Second, "two keys")
 
 	// A hand-off on the shared key keeps it at one query per key.
-	_, err = c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId()})
+	_, err = c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 	require.NoError(t, err)
 	holder.next(5*time.Second, lkIsReleased)
 	require.Eventually(t, func() bool {

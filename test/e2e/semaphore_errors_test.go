@@ -226,37 +226,40 @@ func TestSemaphoreReleaseByNonHolder(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		// session returns the session to release with, and a waiting
-		// stream that must be unaffected (nil if none).
-		session func(t *testing.T, prefix string) (string, *stream)
+		// session returns the session to release with (and the token of
+		// its grant, 0 if none), and a waiting stream that must be
+		// unaffected (nil if none).
+		session func(t *testing.T, prefix string) (string, uint64, *stream)
 		code    codes.Code
 	}{
 		{
 			name:    "a session that holds nothing",
-			session: func(t *testing.T, _ string) (string, *stream) { return newSession(t), nil },
+			session: func(t *testing.T, _ string) (string, uint64, *stream) { return newSession(t), 0, nil },
 			code:    codes.FailedPrecondition,
 		},
 		{
 			name: "a session that holds a slot of another prefix",
-			session: func(t *testing.T, prefix string) (string, *stream) {
+			session: func(t *testing.T, prefix string) (string, uint64, *stream) {
 				semConsulHold(t, consul, prefix+"-other", 2)
 				_, seq := semHold(t, c, prefix+"-other", 2, "elsewhere")
-				return seq.GetSessionId(), nil
+				return seq.GetSessionId(), seq.GetToken(), nil
 			},
 			code: codes.FailedPrecondition,
 		},
 		{
 			name: "a waiting contender",
-			session: func(t *testing.T, prefix string) (string, *stream) {
+			session: func(t *testing.T, prefix string) (string, uint64, *stream) {
 				s, sid := semQueued(t, c, semReq(prefix, 2, "W"))
-				return sid, s
+				return sid, 0, s
 			},
 			code: codes.FailedPrecondition,
 		},
 		{
-			name:    "an unknown session",
-			session: func(*testing.T, string) (string, *stream) { return "8f2a40c4-52e6-4c4c-9a85-33d4bfa1a9a1", nil },
-			code:    codes.NotFound,
+			name: "an unknown session",
+			session: func(*testing.T, string) (string, uint64, *stream) {
+				return "8f2a40c4-52e6-4c4c-9a85-33d4bfa1a9a1", 0, nil
+			},
+			code: codes.NotFound,
 		},
 	}
 	for _, tt := range tests {
@@ -265,10 +268,10 @@ func TestSemaphoreReleaseByNonHolder(t *testing.T) {
 			// Two api.Semaphore holders fill the semaphore (limit 2).
 			_, releaseA := semConsulHold(t, consul, prefix, 2)
 			semConsulHold(t, consul, prefix, 2)
-			sid, waiter := tt.session(t, prefix)
+			sid, token, waiter := tt.session(t, prefix)
 			before := semSnapshot(t, consul, prefix)
 
-			resp, err := c.Release(context.Background(), &lockbrokerv1.ReleaseRequest{Key: prefix, SessionId: sid})
+			resp, err := c.Release(context.Background(), &lockbrokerv1.ReleaseRequest{Key: prefix, SessionId: sid, Token: token})
 			assert.Equal(t, tt.code, status.Code(err), "Release returned %v, error %v", resp, err)
 			assert.Equal(t, before, semSnapshot(t, consul, prefix), "the KV under %s changed", prefix)
 

@@ -171,7 +171,7 @@ func TestSemaphoreHandOffLatency(t *testing.T) {
 
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := c.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: prefix, SessionId: old.seq.GetSessionId()})
+		_, err := c.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: prefix, SessionId: old.seq.GetSessionId(), Token: old.seq.GetToken()})
 		cancel()
 		require.NoError(t, err)
 		seq := w.acquired(5 * time.Second).GetSequencer()

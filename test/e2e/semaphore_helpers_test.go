@@ -203,7 +203,7 @@ func semRelease(t testing.TB, c lockbrokerv1.LockServiceClient, s *stream, seq *
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := c.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: seq.GetKey(), SessionId: seq.GetSessionId()})
+	resp, err := c.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: seq.GetKey(), SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 	require.NoError(t, err)
 	require.True(t, resp.GetReleased())
 	s.next(5*time.Second, func(r *lockbrokerv1.AcquireResponse) bool {

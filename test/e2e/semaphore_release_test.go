@@ -133,7 +133,7 @@ func TestSemaphoreRelease(t *testing.T) {
 
 			// Releasing again is idempotent for the former holder, or
 			// refused; never a success that frees someone else's slot.
-			resp, err := tt.releaseOn.Release(context.Background(), &lockbrokerv1.ReleaseRequest{Key: prefix, SessionId: sid})
+			resp, err := tt.releaseOn.Release(context.Background(), &lockbrokerv1.ReleaseRequest{Key: prefix, SessionId: sid, Token: seq.GetToken()})
 			if err == nil {
 				assert.False(t, resp.GetReleased())
 			} else {

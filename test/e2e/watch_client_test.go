@@ -67,7 +67,7 @@ func TestWatchGoClientFollowsAcrossReplicas(t *testing.T) {
 	first.Stop()
 	resp = next("the state from the other replica", func(*lockbrokerv1.LockState) bool { return true })
 	assert.True(t, wtHeldBy(seq.GetSessionId())(resp.GetState()), "starts again with the state now: %s", wtState(resp.GetState()))
-	_, err = second.Locks(t).Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId()})
+	_, err = second.Locks(t).Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 	require.NoError(t, err)
 	next("A's resignation", wtFree)
 

@@ -42,7 +42,7 @@ func TestWatchKeySendsEveryState(t *testing.T) {
 	wants = append(wants, want{kind: lockbrokerv1.LockKind_LOCK_KIND_LOCK, holder: "A", token: seqA.GetToken()})
 
 	// Resignation.
-	_, err := c.Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seqA.GetSessionId()})
+	_, err := c.Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seqA.GetSessionId(), Token: seqA.GetToken()})
 	require.NoError(t, err)
 	o.until(5*time.Second, "A's resignation", wtFree)
 	wants = append(wants, want{kind: lockbrokerv1.LockKind_LOCK_KIND_LOCK})
@@ -210,11 +210,11 @@ func TestWatchPrefixStreamsEachLockAndSemaphore(t *testing.T) {
 	seqTop := top.acquired(5 * time.Second).GetSequencer()
 	o.until(5*time.Second, "fleet held", of("fleet", wtHeldBy(seqTop.GetSessionId())))
 
-	_, err = c.Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: "fleet/a", SessionId: seqA.GetSessionId()})
+	_, err = c.Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: "fleet/a", SessionId: seqA.GetSessionId(), Token: seqA.GetToken()})
 	require.NoError(t, err)
 	o.until(5*time.Second, "fleet/a free", of("fleet/a", wtFree))
 
-	_, err = c.Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: "fleet/pool", SessionId: poolSeqs[0].GetSessionId()})
+	_, err = c.Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: "fleet/pool", SessionId: poolSeqs[0].GetSessionId(), Token: poolSeqs[0].GetToken()})
 	require.NoError(t, err)
 	o.until(5*time.Second, "fleet/pool down to P2", of("fleet/pool", func(st *lockbrokerv1.LockState) bool {
 		return len(st.GetHolders()) == 1 && string(st.GetHolders()[0].GetValue()) == "P2"

@@ -88,7 +88,7 @@ func TestWatchSlowObserverGetsNewestState(t *testing.T) {
 	setValue := func(k *slowKey, i int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if _, err := c.SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: k.key, SessionId: k.seq.GetSessionId(), Value: k.value(i)}); err != nil {
+		if _, err := c.SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: k.key, SessionId: k.seq.GetSessionId(), Value: k.value(i), Token: k.seq.GetToken()}); err != nil {
 			t.Errorf("%s: SetValue %d: %v", k.name, i, err)
 		}
 	}

@@ -30,7 +30,7 @@ func TestWorkersDeleteBehaviorKeysVanish(t *testing.T) {
 		{
 			name: "released",
 			end: func(t *testing.T, _ *consultest.Agent, c lockbrokerv1.LockServiceClient, s *stream, seq *lockbrokerv1.Sequencer) {
-				_, err := c.Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: seq.GetKey(), SessionId: seq.GetSessionId()})
+				_, err := c.Release(wtCtx(t), &lockbrokerv1.ReleaseRequest{Key: seq.GetKey(), SessionId: seq.GetSessionId(), Token: seq.GetToken()})
 				require.NoError(t, err)
 				s.next(5*time.Second, func(r *lockbrokerv1.AcquireResponse) bool { return r.GetReleased() != nil })
 			},

@@ -114,7 +114,7 @@ func testWatchAndRelease(t *testing.T, h *harness) {
 
 	type state struct {
 		Kind    string
-		Holders []struct{ SessionID string }
+		Holders []struct{ SessionID, Token string }
 	}
 	next := func() state {
 		t.Helper()
@@ -146,7 +146,7 @@ func testWatchAndRelease(t *testing.T, h *harness) {
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "session "+session)
 
-	code, stdout, stderr = h.run(t, nil, "release", key, session)
+	code, stdout, stderr = h.run(t, nil, "release", key, session, "--grant-token", st.Holders[0].Token)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "released")
 	assert.Equal(t, exitLost, holder.wait(t, 15*time.Second), "stderr: %s", holder.stderr.String())

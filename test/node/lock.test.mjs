@@ -110,7 +110,7 @@ lockTest("Release with key and session hands the lock over", async (key) => {
   const q = await b.queued();
   assert.ok(holders(q.state).includes(first.sessionId));
 
-  const resp = await client.release({ key, sessionId: first.sessionId }, { timeoutMs: 10_000 });
+  const resp = await client.release({ key, sessionId: first.sessionId, token: first.token }, { timeoutMs: 10_000 });
   assert.equal(resp.released, true);
 
   // The holder's stream says `released` and ends.

@@ -77,7 +77,7 @@ def test_release_rpc_hands_over(stub, holds, key):
     q = b.wait_queued()
     assert first.session_id in holders(q.state)
 
-    resp = stub.Release(lock_pb2.ReleaseRequest(key=key, session_id=first.session_id), timeout=10)
+    resp = stub.Release(lock_pb2.ReleaseRequest(key=key, session_id=first.session_id, token=first.token), timeout=10)
     assert resp.released
 
     # The holder's stream says `released` and ends.

@@ -229,7 +229,7 @@ func TestSharedService(t *testing.T) {
 			_, _, err = acquire(t, ctx, payments, &lockbrokerv1.AcquireRequest{Key: "orders/x"})
 			requireStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED")
 			assert.Equal(t, "orders/x", errorInfo(err).GetMetadata()["key"])
-			_, err = pl.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: "orders/x", SessionId: heldSeq.GetSessionId()})
+			_, err = pl.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: "orders/x", SessionId: heldSeq.GetSessionId(), Token: heldSeq.GetToken()})
 			requireStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED")
 			raft1, kv1, sess1 = s.indexes(t)
 			if raft1 == raft0 {
@@ -273,7 +273,7 @@ func TestSharedService(t *testing.T) {
 		requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 		_, _, err = acquire(t, ctx, orders, &lockbrokerv1.AcquireRequest{Key: "orders/s", Session: &lockbrokerv1.AcquireRequest_SessionId{SessionId: sid}})
 		requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
-		_, err = ol.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: "orders/s", SessionId: heldSeq.GetSessionId()})
+		_, err = ol.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: "orders/s", SessionId: heldSeq.GetSessionId(), Token: heldSeq.GetToken()})
 		requireStatus(t, err, codes.NotFound, "SESSION_NOT_FOUND")
 		_, err = lockbrokerv1.NewSessionServiceClient(payments).DestroySession(ctx, &lockbrokerv1.DestroySessionRequest{SessionId: sid})
 		require.NoError(t, err, "the owner still can")

@@ -425,7 +425,10 @@ export class Client {
     }
   }
 
-  /** Releases `key` held by `sessionId` (only that grant, with a token). */
+  /**
+   * Releases `key` held by `sessionId` (only that grant, with a token; the
+   * token is required when the broker made the session).
+   */
   async release(key, sessionId, token = 0n) {
     return (await this._unary("lock", "release", { key, sessionId, token: BigInt(token) })).released;
   }

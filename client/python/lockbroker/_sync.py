@@ -303,7 +303,9 @@ class Client:
 
     def release(self, key: str, session_id: str, token: int = 0) -> bool:
         """Releases `key` held by `session_id`; with a token, only while
-        that grant is current. True if it was held, False if already free."""
+        that grant is current. True if it was held, False if already free
+        (or the token's grant ended). The token is required when the broker
+        made the session (an Acquire without session_id)."""
         req = lock_pb2.ReleaseRequest(key=key, session_id=session_id, token=token)
         return self._unary("lock", "Release", req).released
 

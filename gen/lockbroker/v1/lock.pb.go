@@ -175,7 +175,7 @@ type TryAcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The lock key, or the semaphore prefix (see AcquireRequest.key).
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// The holder's value (see AcquireRequest.value). At most 512 KiB.
+	// The holder's value (see AcquireRequest.value). At most 256 KiB.
 	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	// Slots, as in AcquireRequest.limit.
 	Limit uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
@@ -308,7 +308,10 @@ type AcquireRequest struct {
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The holder's value: its identity (a leader's address, a host name). For
 	// a lock it is the key's value; for a semaphore, the contender entry's.
-	// At most 512 KiB (Consul's KV limit).
+	// At most 256 KiB (262,144 bytes; INVALID_ARGUMENT naming `value` beyond):
+	// the grant is one Consul transaction, whose whole body (the value in
+	// base64, with the other operations) must fit Consul's default
+	// txn_max_req_len of 512 KiB.
 	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	// 0 or 1: an exclusive lock. 2 to 1024: a semaphore with that many slots;
 	// every holder of one prefix must ask for the same limit.
@@ -957,15 +960,20 @@ type ReleaseRequest struct {
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The holder's session.
 	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// Optional precondition: the token of the grant to release (from
-	// `acquired.sequencer.token`). Non-zero: the release happens only while
-	// that grant is the session's current hold of the key; otherwise
-	// FAILED_PRECONDITION (NOT_HOLDER) when another grant holds it, or OK
-	// with `released` false when the key is already free. Zero: no
-	// precondition, except for a grant on a session that held the key before
-	// (the broker reuses idle sessions it created): releasing it without the
-	// token is INVALID_ARGUMENT naming `token`, since the request may be a
-	// late one from the earlier holder. Clients should always send it.
+	// The token of the grant to release (from `acquired.sequencer.token`).
+	// Required for a session the broker made (an Acquire without
+	// `session_id`): without it, Release is INVALID_ARGUMENT naming `token`
+	// while that session lives, whatever it held before (the broker reuses
+	// the idle sessions it made, so a token-less request could be a late one
+	// from an earlier holder of the same session). Optional for a
+	// client-owned session (made with CreateSession): zero releases the
+	// session's hold of the key, whichever grant it is. Non-zero: the
+	// release happens only while that grant is the session's current hold of
+	// the key; a grant that has ended (the key free, written since, or held
+	// by a later grant of the same session) answers OK with `released`
+	// false, so a retry after success is OK; a token newer than the key's
+	// last write while another session holds it is FAILED_PRECONDITION
+	// (NOT_HOLDER). Clients should always send it.
 	Token         uint64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1296,13 +1304,13 @@ type SetValueRequest struct {
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The holder's session.
 	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// The new value. At most 512 KiB.
+	// The new value. At most 256 KiB (see AcquireRequest.value).
 	Value []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
-	// Optional precondition: the token of the grant whose value to change.
-	// Non-zero: FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the
-	// session's current hold of the key. Zero: no precondition, except for a
-	// grant on a session that held the key before (see ReleaseRequest.token):
-	// INVALID_ARGUMENT naming `token`.
+	// The token of the grant whose value to change. Required for a session
+	// the broker made, as in ReleaseRequest.token (INVALID_ARGUMENT naming
+	// `token` without it); optional for a client-owned session. Non-zero:
+	// FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the session's
+	// current hold of the key.
 	Token         uint64 `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1522,7 +1530,7 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\x11TryAcquireRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n" +
-	"\x05value\x18\x02 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80 R\x05value\x12\x1e\n" +
+	"\x05value\x18\x02 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x1e\n" +
 	"\x05limit\x18\x03 \x01(\rB\b\xbaH\x05*\x03\x18\x80\bR\x05limit\x12'\n" +
 	"\n" +
 	"session_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x128\n" +
@@ -1532,7 +1540,7 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\x0eAcquireRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n" +
-	"\x05value\x18\x02 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80 R\x05value\x12\x1e\n" +
+	"\x05value\x18\x02 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x1e\n" +
 	"\x05limit\x18\x03 \x01(\rB\b\xbaH\x05*\x03\x18\x80\bR\x05limit\x12L\n" +
 	"\fwait_timeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\x0e\xbaH\v\xaa\x01\b\"\x04\b\x80\xa3\x052\x00R\vwaitTimeout\x12@\n" +
 	"\vnew_session\x18\x05 \x01(\v2\x1d.lockbroker.v1.SessionOptionsH\x00R\n" +
@@ -1594,7 +1602,7 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12'\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x1f\n" +
-	"\x05value\x18\x03 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80 R\x05value\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x14\n" +
 	"\x05token\x18\x04 \x01(\x04R\x05token\"J\n" +
 	"\x10SetValueResponse\x126\n" +
 	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\"W\n" +

@@ -81,7 +81,8 @@ type LockServiceClient interface {
 	// the waiter's `acquired` is on its way (or after 20 ms, if that stream
 	// is stuck): the new holder hears no later than the old one. Errors:
 	// NOT_FOUND for an unknown session, FAILED_PRECONDITION when the session
-	// does not hold the key.
+	// does not hold the key, INVALID_ARGUMENT without the token of a grant on
+	// a session the broker made (see ReleaseRequest.token).
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// Watch sends the state of a key (or of every key under a prefix) now and
 	// then after every change. "No holder" is a state of its own. A slow
@@ -260,7 +261,8 @@ type LockServiceServer interface {
 	// the waiter's `acquired` is on its way (or after 20 ms, if that stream
 	// is stuck): the new holder hears no later than the old one. Errors:
 	// NOT_FOUND for an unknown session, FAILED_PRECONDITION when the session
-	// does not hold the key.
+	// does not hold the key, INVALID_ARGUMENT without the token of a grant on
+	// a session the broker made (see ReleaseRequest.token).
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// Watch sends the state of a key (or of every key under a prefix) now and
 	// then after every change. "No holder" is a state of its own. A slow

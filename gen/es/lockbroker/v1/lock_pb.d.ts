@@ -27,7 +27,7 @@ export declare type TryAcquireRequest = Message<"lockbroker.v1.TryAcquireRequest
   key: string;
 
   /**
-   * The holder's value (see AcquireRequest.value). At most 512 KiB.
+   * The holder's value (see AcquireRequest.value). At most 256 KiB.
    *
    * @generated from field: bytes value = 2;
    */
@@ -100,7 +100,10 @@ export declare type AcquireRequest = Message<"lockbroker.v1.AcquireRequest"> & {
   /**
    * The holder's value: its identity (a leader's address, a host name). For
    * a lock it is the key's value; for a semaphore, the contender entry's.
-   * At most 512 KiB (Consul's KV limit).
+   * At most 256 KiB (262,144 bytes; INVALID_ARGUMENT naming `value` beyond):
+   * the grant is one Consul transaction, whose whole body (the value in
+   * base64, with the other operations) must fit Consul's default
+   * txn_max_req_len of 512 KiB.
    *
    * @generated from field: bytes value = 2;
    */
@@ -460,15 +463,20 @@ export declare type ReleaseRequest = Message<"lockbroker.v1.ReleaseRequest"> & {
   sessionId: string;
 
   /**
-   * Optional precondition: the token of the grant to release (from
-   * `acquired.sequencer.token`). Non-zero: the release happens only while
-   * that grant is the session's current hold of the key; otherwise
-   * FAILED_PRECONDITION (NOT_HOLDER) when another grant holds it, or OK
-   * with `released` false when the key is already free. Zero: no
-   * precondition, except for a grant on a session that held the key before
-   * (the broker reuses idle sessions it created): releasing it without the
-   * token is INVALID_ARGUMENT naming `token`, since the request may be a
-   * late one from the earlier holder. Clients should always send it.
+   * The token of the grant to release (from `acquired.sequencer.token`).
+   * Required for a session the broker made (an Acquire without
+   * `session_id`): without it, Release is INVALID_ARGUMENT naming `token`
+   * while that session lives, whatever it held before (the broker reuses
+   * the idle sessions it made, so a token-less request could be a late one
+   * from an earlier holder of the same session). Optional for a
+   * client-owned session (made with CreateSession): zero releases the
+   * session's hold of the key, whichever grant it is. Non-zero: the
+   * release happens only while that grant is the session's current hold of
+   * the key; a grant that has ended (the key free, written since, or held
+   * by a later grant of the same session) answers OK with `released`
+   * false, so a retry after success is OK; a token newer than the key's
+   * last write while another session holds it is FAILED_PRECONDITION
+   * (NOT_HOLDER). Clients should always send it.
    *
    * @generated from field: uint64 token = 3;
    */
@@ -633,18 +641,18 @@ export declare type SetValueRequest = Message<"lockbroker.v1.SetValueRequest"> &
   sessionId: string;
 
   /**
-   * The new value. At most 512 KiB.
+   * The new value. At most 256 KiB (see AcquireRequest.value).
    *
    * @generated from field: bytes value = 3;
    */
   value: Uint8Array;
 
   /**
-   * Optional precondition: the token of the grant whose value to change.
-   * Non-zero: FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the
-   * session's current hold of the key. Zero: no precondition, except for a
-   * grant on a session that held the key before (see ReleaseRequest.token):
-   * INVALID_ARGUMENT naming `token`.
+   * The token of the grant whose value to change. Required for a session
+   * the broker made, as in ReleaseRequest.token (INVALID_ARGUMENT naming
+   * `token` without it); optional for a client-owned session. Non-zero:
+   * FAILED_PRECONDITION (NOT_HOLDER) unless that grant is the session's
+   * current hold of the key.
    *
    * @generated from field: uint64 token = 4;
    */
@@ -911,7 +919,8 @@ export declare const LockService: GenService<{
    * the waiter's `acquired` is on its way (or after 20 ms, if that stream
    * is stuck): the new holder hears no later than the old one. Errors:
    * NOT_FOUND for an unknown session, FAILED_PRECONDITION when the session
-   * does not hold the key.
+   * does not hold the key, INVALID_ARGUMENT without the token of a grant on
+   * a session the broker made (see ReleaseRequest.token).
    *
    * @generated from rpc lockbroker.v1.LockService.Release
    */

@@ -121,7 +121,8 @@ class LockServiceServicer(object):
         the waiter's `acquired` is on its way (or after 20 ms, if that stream
         is stuck): the new holder hears no later than the old one. Errors:
         NOT_FOUND for an unknown session, FAILED_PRECONDITION when the session
-        does not hold the key.
+        does not hold the key, INVALID_ARGUMENT without the token of a grant on
+        a session the broker made (see ReleaseRequest.token).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -69,7 +69,10 @@ public final class LockOptions {
         limit, semaphore, fair);
   }
 
-  /** The holder's value: its identity (leader address, host name). At most 512 KiB. */
+  /**
+   * The holder's value: its identity (leader address, host name). At most 256 KiB
+   * (INVALID_ARGUMENT beyond).
+   */
   public LockOptions value(byte[] value) {
     return with(ByteString.copyFrom(value), ttl, lockDelay, deleteBehavior, sessionName, checks,
         waitTimeout, limit, semaphore, fair);
