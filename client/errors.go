@@ -194,17 +194,13 @@ type LostError struct {
 	Detail string
 }
 
-// Error names the broker's reason and, when the client decided the loss,
-// the cause: "lease lost: LOST_REASON_SESSION_INVALIDATED: ...",
-// "lease lost: LOST_REASON_RENEWAL_FAILED (KEEPALIVE_TIMEOUT): ...",
-// "lease lost: RELEASED: ...".
+// Error names the cause as every lockbroker library, lockctl and the
+// broker's log spell it: "lease lost: SESSION_INVALIDATED: ...",
+// "lease lost: KEEPALIVE_TIMEOUT: ...", "lease lost: RELEASED: ...".
 func (e *LostError) Error() string {
-	name := e.Reason.String()
-	switch {
-	case e.Reason == lockbrokerv1.LostReason_LOST_REASON_UNSPECIFIED:
-		name = e.Cause
-	case e.Cause != strings.TrimPrefix(name, "LOST_REASON_"):
-		name += " (" + e.Cause + ")"
+	name := e.Cause
+	if name == "" {
+		name = strings.TrimPrefix(e.Reason.String(), "LOST_REASON_")
 	}
 	return fmt.Sprintf("lease lost: %s: %s", name, e.Detail)
 }

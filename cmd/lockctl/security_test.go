@@ -22,7 +22,8 @@ func TestSecurityFlagsWithoutBroker(t *testing.T) {
 		env        map[string]string
 	}{
 		{"token in clear off loopback", "only over TLS", []string{"--addr", "192.0.2.1:8700", "--token", token, "get", "k"}, nil},
-		{"token from env in clear off loopback", "only over TLS", []string{"--addr", "192.0.2.1:8700", "get", "k"}, map[string]string{"LOCKBROKER_TOKEN": token}},
+		{"token from env in clear off loopback", "only over TLS", []string{"--addr", "192.0.2.1:8700", "get", "k"}, map[string]string{"LOCKBROKER_BEARER_TOKEN": token}},
+		{"LOCKBROKER_KEY is not the key file", "--cert and --key go together", []string{"--cert", "c.pem", "get", "k"}, map[string]string{"LOCKBROKER_KEY": "lock/key"}},
 		{"cert without key", "--cert and --key go together", []string{"--cert", "c.pem", "get", "k"}, nil},
 		{"missing CA file", "CA certificate", []string{"--cacert", "/nonexistent/ca.pem", "get", "k"}, nil},
 		{"admin without subcommand", "admin wants", []string{"admin"}, nil},
