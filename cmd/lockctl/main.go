@@ -11,8 +11,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
+
+	"github.com/lockbroker/lockbroker/internal/buildinfo"
 )
 
 // Exit codes. The BSD sysexits range is used for lock outcomes so that they
@@ -37,6 +40,7 @@ const exitCodesHelp = `Exit codes:
 
 // mainUsage is the top-level help.
 const mainUsage = `Usage: lockctl [--addr HOST:PORT[,...]] COMMAND [flags] [args]
+       lockctl --version
 
 lockctl is the command-line client of lockbroker, a gRPC lock service over Consul.
 
@@ -55,8 +59,11 @@ Every command takes --addr (repeated or comma-separated; default $LOCKBROKER_ADD
 else 127.0.0.1:8700): brokers are tried in order until one answers. For a broker
 serving TLS: --cacert FILE (verify it), --cert FILE --key FILE (a client certificate,
 mTLS), --token TOKEN (a bearer token); each also from $LOCKBROKER_CACERT,
-$LOCKBROKER_CERT, $LOCKBROKER_KEY, $LOCKBROKER_TOKEN (prefer the variable for the
-token: command lines are visible to other users).
+$LOCKBROKER_CERT, $LOCKBROKER_CERT_KEY, $LOCKBROKER_BEARER_TOKEN (prefer the
+variable for the token: command lines are visible to other users). lockctl
+does not read $LOCKBROKER_KEY and $LOCKBROKER_TOKEN: those are the lock's key
+and fencing token that 'lockctl lock' gives its command, so a lockctl run by
+that command uses its parent's settings.
 
 ` + exitCodesHelp
 
@@ -79,7 +86,12 @@ func main() {
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr}
 	fs := c.flagSet("", "", mainUsage)
+	version := fs.Bool("version", false, "print lockctl's version, VCS revision and Go version, and exit")
 	rest, err := c.parseFlags(fs, args)
+	if err == nil && *version {
+		fmt.Fprintln(stdout, "lockctl", buildinfo.Read())
+		return exitOK
+	}
 	if err == nil && len(rest) == 0 {
 		err = usageErrorf("missing command")
 	}
