@@ -5,8 +5,9 @@
 //
 // Run `lockctl --help` for the commands and `lockctl COMMAND --help` for
 // their flags. Exit codes: 0 success (for `lock`, the command's own exit
-// code), 1 usage or other error, 73 busy (`lock --try`), 74 wait timed out
-// (`lock --timeout`), 75 lock lost while the command ran.
+// code), 1 usage or other error, 73 busy (`lock --try`, `try-acquire`), 74
+// wait timed out (`lock --timeout`, `acquire --timeout`), 75 lock lost while
+// the command ran.
 package main
 
 import (
@@ -23,8 +24,8 @@ import (
 const (
 	exitOK    = 0
 	exitError = 1  // usage or any other error
-	exitBusy  = 73 // lock: try-once found the key held (ABORTED)
-	exitTime  = 74 // lock: bounded wait ran out (DEADLINE_EXCEEDED)
+	exitBusy  = 73 // lock, acquire, try-acquire: try-once found the key held (ABORTED)
+	exitTime  = 74 // lock, acquire: bounded wait ran out (DEADLINE_EXCEEDED)
 	exitLost  = 75 // lock: the hold was lost while the command ran
 )
 
@@ -32,8 +33,9 @@ const (
 const exitCodesHelp = `Exit codes:
   0    success; for lock, the command's own exit code (128+N if it died of signal N)
   1    usage or other error, one line on stderr: "lockctl: CODE: message"
-  73   lock: the key is busy (--try, --timeout 0), the holders are named on stderr
-  74   lock: --timeout ran out while waiting
+  73   lock, acquire, try-acquire: the key is busy (--try, --timeout 0, try-acquire), the
+       holders are named on stderr
+  74   lock, acquire: --timeout ran out while waiting
   75   lock: the lock was lost, or no keepalive came before its guarantee ended, while the
        command ran (it got SIGTERM, then SIGKILL after --grace or before the guarantee ended)
 `
@@ -48,8 +50,10 @@ Commands:
   lock KEY [flags] -- CMD [ARGS...]   run CMD while holding a lock (or a semaphore slot with -n)
   get KEY                             print who holds KEY
   watch KEY                           print KEY's state now and after every change
+  acquire KEY SESSION                 take KEY for a client-owned session (waits), print the grant
+  try-acquire KEY SESSION             the same, now or not at all (exit 73 if busy)
   release KEY SESSION                 end a hold given its session, from anywhere
-  session create|renew|destroy|get    manage sessions for holds that outlive a stream
+  session create|list|renew|destroy|get   manage sessions for holds that outlive a process
   admin list-holds|list-sessions|force-release   operate a shared broker (admins only)
   health                              check that a broker is serving
 
@@ -69,13 +73,15 @@ that command uses its parent's settings.
 
 // commands maps each command name to its implementation.
 var commands = map[string]func(ctx context.Context, c *cli, args []string) error{
-	"lock":    cmdLock,
-	"get":     cmdGet,
-	"watch":   cmdWatch,
-	"release": cmdRelease,
-	"session": cmdSession,
-	"admin":   cmdAdmin,
-	"health":  cmdHealth,
+	"lock":        cmdLock,
+	"get":         cmdGet,
+	"watch":       cmdWatch,
+	"release":     cmdRelease,
+	"acquire":     cmdAcquire(false),
+	"try-acquire": cmdAcquire(true),
+	"session":     cmdSession,
+	"admin":       cmdAdmin,
+	"health":      cmdHealth,
 }
 
 func main() {

@@ -12,8 +12,9 @@ import (
 
 // TestSecurityFlagsWithoutBroker covers the TLS and token flags' own
 // errors: a token is never sent in clear to a broker off loopback, a
-// certificate needs its key, a CA file must exist; the token never shows
-// in an error.
+// certificate needs its key, a CA file must exist, an address needs a
+// port; each is reported as a mistake in the settings, not as UNAVAILABLE;
+// the token never shows in an error.
 func TestSecurityFlagsWithoutBroker(t *testing.T) {
 	const token = "token-never-printed-1234"
 	tests := []struct {
@@ -25,7 +26,10 @@ func TestSecurityFlagsWithoutBroker(t *testing.T) {
 		{"token from env in clear off loopback", "only over TLS", []string{"--addr", "192.0.2.1:8700", "get", "k"}, map[string]string{"LOCKBROKER_BEARER_TOKEN": token}},
 		{"LOCKBROKER_KEY is not the key file", "--cert and --key go together", []string{"--cert", "c.pem", "get", "k"}, map[string]string{"LOCKBROKER_KEY": "lock/key"}},
 		{"cert without key", "--cert and --key go together", []string{"--cert", "c.pem", "get", "k"}, nil},
-		{"missing CA file", "CA certificate", []string{"--cacert", "/nonexistent/ca.pem", "get", "k"}, nil},
+		{"missing CA file", "lockctl: configuration: CA certificate", []string{"--cacert", "/nonexistent/ca.pem", "get", "k"}, nil},
+		{"missing client certificate", "lockctl: configuration: client certificate", []string{"--cert", "/nonexistent/c.pem", "--key", "/nonexistent/k.pem", "get", "k"}, nil},
+		{"address without port", `lockctl: configuration: --addr "broker"`, []string{"--addr", "broker", "get", "k"}, nil},
+		{"address with a bad port", `lockctl: configuration: --addr "broker:http"`, []string{"--addr", "127.0.0.1:8700,broker:http", "get", "k"}, nil},
 		{"admin without subcommand", "admin wants", []string{"admin"}, nil},
 		{"admin unknown", "unknown admin command", []string{"admin", "nuke"}, nil},
 		{"force-release without key", "force-release wants KEY", []string{"admin", "force-release"}, nil},
@@ -39,6 +43,7 @@ func TestSecurityFlagsWithoutBroker(t *testing.T) {
 			code := run(context.Background(), tt.args, strings.NewReader(""), &stdout, &stderr)
 			assert.Equal(t, exitError, code)
 			require.Contains(t, stderr.String(), tt.want)
+			assert.NotContains(t, stderr.String(), "UNAVAILABLE", "a mistake in the settings is not the broker's")
 			assert.NotContains(t, stderr.String()+stdout.String(), token)
 		})
 	}
