@@ -3,11 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestSecurityFlagsWithoutBroker covers the TLS and token flags' own
@@ -47,4 +51,30 @@ func TestSecurityFlagsWithoutBroker(t *testing.T) {
 			assert.NotContains(t, stderr.String()+stdout.String(), token)
 		})
 	}
+}
+
+// TestOldTokenVariableHint: a caller still setting $LOCKBROKER_TOKEN for
+// its bearer token (which lockctl no longer reads: under lockctl lock it
+// is the fencing token) is told so when the broker refuses it
+// UNAUTHENTICATED.
+func TestOldTokenVariableHint(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		return status.Error(codes.Unauthenticated, "no identity") // as a shared broker answers a stranger
+	}))
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+
+	t.Setenv("LOCKBROKER_TOKEN", "42")
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"--addr", lis.Addr().String(), "get", "k"}, strings.NewReader(""), &stdout, &stderr)
+	assert.Equal(t, exitError, code)
+	assert.Contains(t, stderr.String(), "lockctl: UNAUTHENTICATED: no identity ($LOCKBROKER_TOKEN is not read as the bearer token: set $LOCKBROKER_BEARER_TOKEN)")
+
+	t.Setenv("LOCKBROKER_BEARER_TOKEN", "secret")
+	stderr.Reset()
+	code = run(context.Background(), []string{"--addr", lis.Addr().String(), "get", "k"}, strings.NewReader(""), &stdout, &stderr)
+	assert.Equal(t, exitError, code)
+	assert.Equal(t, "lockctl: UNAUTHENTICATED: no identity\n", stderr.String(), "no hint once the bearer token is set")
 }
