@@ -133,7 +133,11 @@ func (c *cli) probe(ctx context.Context, addr string) (conn *grpc.ClientConn, se
 		return nil, false, fmt.Errorf("no answer within %v", c.connectTimeout)
 	case codes.Unavailable, codes.Canceled:
 		conn.Close()
-		return nil, false, fmt.Errorf("%s", status.Convert(err).Message())
+		msg := status.Convert(err).Message()
+		if strings.Contains(msg, "authentication handshake failed") {
+			msg += " (the TLS settings, --tls, --cacert, --cert, do not match the broker's)"
+		}
+		return nil, false, errors.New(msg)
 	default:
 		return conn, false, nil
 	}

@@ -83,3 +83,13 @@ func TestClientOwnedSessionWorkflow(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "free")
 }
+
+// TestTLSMismatchSaysSo: TLS against a plaintext broker fails its
+// handshake, and lockctl says the TLS settings do not match the broker's.
+func TestTLSMismatchSaysSo(t *testing.T) {
+	h := newHarness(t)
+	code, _, stderr := h.run(t, nil, "--tls", "--connect-timeout", "10s", "get", "lockctl-test/tls")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "authentication handshake failed")
+	assert.Contains(t, stderr, "(the TLS settings, --tls, --cacert, --cert, do not match the broker's)")
+}
