@@ -10,14 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestNestedLock runs a lockctl lock inside a lockctl lock, with the
+// testNestedLock runs a lockctl lock inside a lockctl lock, with the
 // connection settings in the environment as a script would have them. The
 // inner lockctl inherits the outer's settings and the outer's
 // LOCKBROKER_KEY and LOCKBROKER_TOKEN (the lock's key and fencing token):
 // it must read neither as its key file or bearer token, and its own
 // command sees its own lock's key and token.
-func TestNestedLock(t *testing.T) {
-	h := newHarness(t)
+func testNestedLock(t *testing.T, h *harness) {
 	env := []string{"LOCKBROKER_ADDR=" + h.broker.Addr}
 	p := h.start(t, env, "--addr", h.broker.Addr, "lock", "lockctl-test/outer", "--",
 		"sh", "-c", `echo "outer $LOCKBROKER_KEY $LOCKBROKER_TOKEN"; exec "$0" lock lockctl-test/inner -- sh -c 'echo "inner $LOCKBROKER_KEY $LOCKBROKER_TOKEN"'`,

@@ -10,12 +10,20 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestClientOwnedSessionWorkflow is the cron-job workflow without a
+// TestWorkflows runs, on one broker, the workflows lockctl completes
+// beyond lock: nesting, client-owned sessions, and a TLS mismatch.
+func TestWorkflows(t *testing.T) {
+	h := newHarness(t)
+	t.Run("NestedLock", func(t *testing.T) { testNestedLock(t, h) })
+	t.Run("ClientOwnedSession", func(t *testing.T) { testClientOwnedSession(t, h) })
+	t.Run("TLSMismatch", func(t *testing.T) { testTLSMismatch(t, h) })
+}
+
+// testClientOwnedSession is the cron-job workflow without a
 // stream: create sessions, take a key with try-acquire and acquire, list
 // the sessions with what they hold, wait on a busy key, release, destroy.
 // The holds outlive the lockctl that took them.
-func TestClientOwnedSessionWorkflow(t *testing.T) {
-	h := newHarness(t)
+func testClientOwnedSession(t *testing.T, h *harness) {
 	const key = "lockctl-test/client-owned"
 	newSession := func() string {
 		code, stdout, stderr := h.run(t, nil, "session", "create", "--ttl", "30s", "--lock-delay", "0s", "--name", "cron")
@@ -84,10 +92,9 @@ func TestClientOwnedSessionWorkflow(t *testing.T) {
 	assert.Contains(t, stdout, "free")
 }
 
-// TestTLSMismatchSaysSo: TLS against a plaintext broker fails its
+// testTLSMismatch: TLS against a plaintext broker fails its
 // handshake, and lockctl says the TLS settings do not match the broker's.
-func TestTLSMismatchSaysSo(t *testing.T) {
-	h := newHarness(t)
+func testTLSMismatch(t *testing.T, h *harness) {
 	code, _, stderr := h.run(t, nil, "--tls", "--connect-timeout", "10s", "get", "lockctl-test/tls")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "authentication handshake failed")
