@@ -166,7 +166,8 @@ func (c *Client) withHolders(ctx context.Context, key string, err error) error {
 // Loss causes: LostError.Cause. The broker's reasons are its LostReason
 // names without the LOST_REASON_ prefix (SESSION_INVALIDATED,
 // RELEASED_BY_OTHER, DELETED_BY_OTHER, RENEWAL_FAILED, LIMIT_CONFLICT,
-// RESUMED_ELSEWHERE); the client decides three of its own. These are the
+// BROKER_SHUTDOWN, RESUMED_ELSEWHERE, REPLICA_CUT_OFF); the client decides
+// three of its own. These are the
 // names every lockbroker library uses (test/conformance/scenarios.md).
 const (
 	// CauseKeepaliveTimeout: no keepalive (and no resume on another
