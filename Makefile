@@ -17,12 +17,21 @@ all: broker lockctl
 
 ## Binaries ---------------------------------------------------------------
 
+# The version `broker --version`, `lockctl --version`, the broker's start-up
+# log line and lockbroker_build_info report: the nearest tag, else the
+# commit, "-dirty" with uncommitted changes (VERSION=v1.2.3 make broker to
+# set it).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X github.com/lockbroker/lockbroker/internal/buildinfo.version=$(VERSION) \
+	-X github.com/lockbroker/lockbroker/internal/buildinfo.revision=$(REVISION)
+
 # The same commands as the Dockerfile's build stage.
 broker:
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/broker ./cmd/broker
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=auto -ldflags '$(LDFLAGS)' -o bin/broker ./cmd/broker
 
 lockctl:
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/lockctl ./cmd/lockctl
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=auto -ldflags '$(LDFLAGS)' -o bin/lockctl ./cmd/lockctl
 
 # Consul v1.20.6, built from the Go module proxy (first build ~8 min).
 CONSUL_VERSION := 1.20.6

@@ -283,23 +283,23 @@ func TestWatchPrefixSnapshotComplete(t *testing.T) {
 	assert.True(t, errors.Is(w.Err(), context.Canceled), "%v", w.Err())
 }
 
-// LostError's text names the broker's reason, and the client's cause when
-// the client decided the loss.
+// LostError's text names the cause as every library spells it.
 func TestLostErrorText(t *testing.T) {
 	tests := []struct {
 		err  *client.LostError
 		want string
 	}{
 		{&client.LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_SESSION_INVALIDATED, Cause: "SESSION_INVALIDATED", Detail: "d"},
-			"lease lost: LOST_REASON_SESSION_INVALIDATED: d"},
+			"lease lost: SESSION_INVALIDATED: d"},
 		{&client.LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, Cause: client.CauseKeepaliveTimeout, Detail: "d"},
-			"lease lost: LOST_REASON_RENEWAL_FAILED (KEEPALIVE_TIMEOUT): d"},
+			"lease lost: KEEPALIVE_TIMEOUT: d"},
+		{&client.LostError{Reason: lockbrokerv1.LostReason_LOST_REASON_REPLICA_CUT_OFF, Detail: "d"}, "lease lost: REPLICA_CUT_OFF: d"},
 		{&client.LostError{Cause: client.CauseReleased, Detail: "d"}, "lease lost: RELEASED: d"},
 	}
 	for _, tt := range tests {
 		assert.Equal(t, tt.want, tt.err.Error())
 	}
-	assert.ErrorIs(t, tests[2].err, client.ErrReleased)
+	assert.ErrorIs(t, tests[3].err, client.ErrReleased)
 	assert.NotErrorIs(t, tests[0].err, client.ErrReleased)
 }
 
@@ -372,5 +372,5 @@ func TestLockLostBeforeGrant(t *testing.T) {
 	require.ErrorAs(t, err, &le)
 	assert.Equal(t, lockbrokerv1.LostReason_LOST_REASON_RENEWAL_FAILED, le.Reason)
 	assert.Equal(t, "RENEWAL_FAILED", le.Cause)
-	assert.Equal(t, "lease lost: LOST_REASON_RENEWAL_FAILED: the stream ended with lost before the grant: the grant came after the session's safe deadline", err.Error())
+	assert.Equal(t, "lease lost: RENEWAL_FAILED: the stream ended with lost before the grant: the grant came after the session's safe deadline", err.Error())
 }

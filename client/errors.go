@@ -166,7 +166,8 @@ func (c *Client) withHolders(ctx context.Context, key string, err error) error {
 // Loss causes: LostError.Cause. The broker's reasons are its LostReason
 // names without the LOST_REASON_ prefix (SESSION_INVALIDATED,
 // RELEASED_BY_OTHER, DELETED_BY_OTHER, RENEWAL_FAILED, LIMIT_CONFLICT,
-// RESUMED_ELSEWHERE); the client decides three of its own. These are the
+// BROKER_SHUTDOWN, RESUMED_ELSEWHERE, REPLICA_CUT_OFF); the client decides
+// three of its own. These are the
 // names every lockbroker library uses (test/conformance/scenarios.md).
 const (
 	// CauseKeepaliveTimeout: no keepalive (and no resume on another
@@ -194,17 +195,13 @@ type LostError struct {
 	Detail string
 }
 
-// Error names the broker's reason and, when the client decided the loss,
-// the cause: "lease lost: LOST_REASON_SESSION_INVALIDATED: ...",
-// "lease lost: LOST_REASON_RENEWAL_FAILED (KEEPALIVE_TIMEOUT): ...",
-// "lease lost: RELEASED: ...".
+// Error names the cause as every lockbroker library, lockctl and the
+// broker's log spell it: "lease lost: SESSION_INVALIDATED: ...",
+// "lease lost: KEEPALIVE_TIMEOUT: ...", "lease lost: RELEASED: ...".
 func (e *LostError) Error() string {
-	name := e.Reason.String()
-	switch {
-	case e.Reason == lockbrokerv1.LostReason_LOST_REASON_UNSPECIFIED:
-		name = e.Cause
-	case e.Cause != strings.TrimPrefix(name, "LOST_REASON_"):
-		name += " (" + e.Cause + ")"
+	name := e.Cause
+	if name == "" {
+		name = strings.TrimPrefix(e.Reason.String(), "LOST_REASON_")
 	}
 	return fmt.Sprintf("lease lost: %s: %s", name, e.Detail)
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/lockbroker/lockbroker/client"
 )
@@ -21,7 +20,11 @@ func (store) Write(ctx context.Context, batch string, token uint64) error { retu
 // The README's example: hold a lock while working, stop on loss, pass the
 // token to what is protected.
 func ExampleClient_Lock() {
-	conn, err := grpc.NewClient("127.0.0.1:8700", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	dopts, err := client.DialOptions() // plaintext; client.WithCACert, WithClientCert, WithToken for TLS
+	if err != nil {
+		panic(err)
+	}
+	conn, err := grpc.NewClient("127.0.0.1:8700", dopts...)
 	if err != nil {
 		panic(err)
 	}
@@ -50,5 +53,34 @@ func ExampleClient_TryLock() {
 		for _, h := range se.Holders {
 			fmt.Printf("held by %s (%s)\n", h.GetValue(), h.GetSessionId())
 		}
+	}
+}
+
+// Leader election: campaign, lead until the leadership is lost or the
+// process resigns; observers follow the leader.
+func ExampleElection() {
+	var c *client.Client // client.New(conn)
+	ctx := context.Background()
+	e := c.Election("service/leader", client.WithTTL(10*time.Second))
+	lease, err := e.Campaign(ctx, []byte("10.0.0.7:8080")) // waits until leading
+	if err != nil {
+		panic(err)
+	}
+	defer e.Resign(context.WithoutCancel(ctx))
+	select {
+	case <-lease.Lost(): // leadership ended: lease.Err() says why
+	case <-ctx.Done():
+	}
+
+	obs, err := c.Election("service/leader").Observe(ctx)
+	if err != nil {
+		panic(err)
+	}
+	for leader := range obs.C {
+		if leader == nil {
+			fmt.Println("no leader")
+			continue
+		}
+		fmt.Printf("leader is %s (token %d)\n", leader.GetValue(), leader.GetToken())
 	}
 }

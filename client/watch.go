@@ -189,15 +189,11 @@ func (c *Client) GetLock(ctx context.Context, key string) (*lockbrokerv1.LockSta
 
 // Leader returns the current holder of the lock at key (leader discovery:
 // its Value is the leader's identity), or nil when nobody holds it.
+//
+// Deprecated: use c.Election(key).Leader(ctx), the election API every
+// lockbroker library shares.
 func (c *Client) Leader(ctx context.Context, key string) (*lockbrokerv1.Holder, error) {
-	st, err := c.GetLock(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	if len(st.GetHolders()) == 0 {
-		return nil, nil
-	}
-	return st.GetHolders()[0], nil
+	return c.Election(key).Leader(ctx)
 }
 
 // CheckSequencer reports whether seq is still the current grant of its key

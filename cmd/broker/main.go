@@ -26,17 +26,21 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/lockbroker/lockbroker/internal/broker"
+	"github.com/lockbroker/lockbroker/internal/buildinfo"
 	"github.com/lockbroker/lockbroker/internal/consulstore"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 	"github.com/lockbroker/lockbroker/internal/server"
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stderr); err != nil {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "broker:", err)
 		os.Exit(1)
 	}
 }
+
+// errVersion marks a --version that was answered: exit 0.
+var errVersion = errors.New("version printed")
 
 // config is the broker's configuration.
 type config struct {
@@ -73,10 +77,14 @@ func env(name, def string) string {
 	return def
 }
 
+// parseFlags parses args. --help prints the usage on out and returns
+// flag.ErrHelp; --version prints the build on out and returns errVersion.
+// A bad flag is only returned, for main to print once (without the usage).
 func parseFlags(args []string, out io.Writer) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
-	fs.SetOutput(out)
+	fs.SetOutput(io.Discard) // the flag package prints its errors there: main prints them, once
+	version := fs.Bool("version", false, "print the broker's version, VCS revision and Go version, and exit")
 	fs.StringVar(&c.listen, "listen", env("LOCKBROKER_LISTEN", "127.0.0.1:8700"), "gRPC listen address (env LOCKBROKER_LISTEN)")
 	fs.StringVar(&c.httpListen, "http-listen", env("LOCKBROKER_HTTP_LISTEN", "127.0.0.1:8701"), "metrics (/metrics) and health (/healthz) listen address (env LOCKBROKER_HTTP_LISTEN)")
 	fs.BoolVar(&c.dev, "dev", false, "start and supervise a Consul dev agent on loopback (from --consul-bin, bin/consul or PATH)")
@@ -96,12 +104,22 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&c.tlsClientCA, "tls-client-ca", env("LOCKBROKER_TLS_CLIENT_CA", ""), "require client certificates signed by these CAs (PEM; mTLS): a connection without one fails its handshake; a caller is then cn:<Common Name> or uri:<URI SAN> (env LOCKBROKER_TLS_CLIENT_CA)")
 	fs.StringVar(&c.tenantsFile, "tenants", env("LOCKBROKER_TENANTS", ""), "tenants file (YAML: identities, key prefixes, quotas, Consul tokens, admins; reloaded on SIGHUP); without it the broker is single-tenant and lets every caller use every key (env LOCKBROKER_TENANTS)")
 	fs.IntVar(&c.tenantConsulMaxConns, "tenant-consul-max-conns", 8, "at most this many Consul connections per tenant with its own consul_token_file (its sessions, renewals and lock writes)")
-	fs.Usage = func() {
+	usage := func() {
 		fmt.Fprintf(out, "usage: broker [flags]\n\nConsul is configured by CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_CACERT and the other\nstandard Consul variables, unless --dev starts a local dev agent.\n\nSIGHUP reloads --tls-cert, --tls-key, --tls-client-ca and --tenants without dropping\nconnections, streams or holds; a file that fails to load leaves what is in force.\n\nflags:\n")
+		fs.SetOutput(out)
 		fs.PrintDefaults()
 	}
+	fs.Usage = func() {} // called on every error too: the error alone says it
 	if err := fs.Parse(args); err != nil {
-		return c, err
+		if errors.Is(err, flag.ErrHelp) {
+			usage()
+			return c, err
+		}
+		return c, fmt.Errorf("%w (broker --help lists the flags)", err)
+	}
+	if *version {
+		fmt.Fprintln(out, "broker", buildinfo.Read())
+		return c, errVersion
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
@@ -134,30 +152,40 @@ func (c *config) validate() error {
 	return nil
 }
 
-func newLogger(level string) (*zap.Logger, error) {
+// newLogger logs JSON lines at level and above on w, each with its time
+// in ISO 8601 (RFC 3339, UTC, milliseconds: "ts":"2026-11-28T11:19:50.123Z").
+func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	cfg := zap.NewProductionConfig()
-	cfg.Level = zap.NewAtomicLevelAt(lvl)
-	cfg.Sampling = nil
-	return cfg.Build()
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = func(t time.Time, pe zapcore.PrimitiveArrayEncoder) {
+		pe.AppendString(t.UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+	}
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), lvl)
+	return zap.New(core, zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel),
+		zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w)))), nil
 }
 
-func run(args []string, stderr io.Writer) error {
-	c, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+// run runs the broker until a signal or a failure: --help and --version
+// go to stdout, the logs to stderr.
+func run(args []string, stdout, stderr io.Writer) error {
+	c, err := parseFlags(args, stdout)
+	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errVersion) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(c.logLevel)
+	log, err := newLogger(c.logLevel, stderr)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	build := buildinfo.Read()
+	log.Info("lockbroker starting", zap.String("version", build.Version), zap.String("revision", build.Revision),
+		zap.String("go", build.GoVersion))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -114,7 +114,7 @@ func TestParseFlags(t *testing.T) {
 
 func TestHelpListsFlags(t *testing.T) {
 	var out bytes.Buffer
-	require.NoError(t, run([]string{"--help"}, &out))
+	require.NoError(t, run([]string{"--help"}, &out, io.Discard))
 	for _, f := range []string{"-drain-timeout", "-keepalive-time", "-keepalive-timeout", "-consul-max-blocking", "-consul-max-conns"} {
 		assert.True(t, strings.Contains(out.String(), f), "--help must list %s:\n%s", f, out.String())
 	}

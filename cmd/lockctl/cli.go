@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/code"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -58,7 +59,11 @@ func (c *cli) report(err error) int {
 		}
 		return ee.code
 	default:
-		fmt.Fprintln(c.stderr, errorLine(err))
+		line := errorLine(err)
+		if status.Code(err) == codes.Unauthenticated && c.sec.token == "" && os.Getenv("LOCKBROKER_TOKEN") != "" {
+			line += " ($LOCKBROKER_TOKEN is not read as the bearer token: set $" + envToken + ")"
+		}
+		fmt.Fprintln(c.stderr, line)
 		return exitError
 	}
 }

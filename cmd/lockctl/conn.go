@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -28,9 +31,21 @@ func (c *cli) dialAddr(ctx context.Context) (*grpc.ClientConn, string, error) {
 		fallbackAddr string
 		failures     []string
 	)
-	for _, addr := range c.brokerAddrs() {
+	addrs := c.brokerAddrs()
+	for _, addr := range addrs {
+		if err := checkAddr(addr); err != nil {
+			return nil, "", err
+		}
+	}
+	for _, addr := range addrs {
 		conn, serving, err := c.probe(ctx, addr)
+		var ce *configError
 		switch {
+		case errors.As(err, &ce), isUsage(err):
+			if fallback != nil {
+				fallback.Close()
+			}
+			return nil, "", err
 		case err != nil:
 			failures = append(failures, fmt.Sprintf("%s: %v", addr, err))
 		case serving:
@@ -54,12 +69,48 @@ func (c *cli) dialAddr(ctx context.Context) (*grpc.ClientConn, string, error) {
 // connects on first use). The client library's DialOptions give it HTTP/2
 // keepalive (client.KeepaliveTime, client.KeepaliveTimeout), so a vanished
 // broker breaks the stream.
+// A mistake in the settings (a file that cannot be read, a certificate
+// without its key, a token that would go in clear) is a *configError or a
+// usage error, never UNAVAILABLE.
 func (c *cli) connect(addr string) (*grpc.ClientConn, error) {
 	dopts, err := c.sec.dialOptions(addr)
 	if err != nil {
-		return nil, err
+		if isUsage(err) {
+			return nil, err
+		}
+		return nil, &configError{err}
 	}
-	return grpc.NewClient(addr, dopts...)
+	conn, err := grpc.NewClient(addr, dopts...)
+	if err != nil {
+		return nil, &configError{fmt.Errorf("--addr %q: %w", addr, err)}
+	}
+	return conn, nil
+}
+
+// configError is a mistake in lockctl's settings (flags or variables),
+// found before any broker is asked: "lockctl: configuration: ...", exit 1.
+type configError struct{ err error }
+
+func (e *configError) Error() string { return "configuration: " + e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
+
+// isUsage reports whether err is a command-line mistake (usageErrorf).
+func isUsage(err error) bool {
+	var ee *exitErr
+	return errors.As(err, &ee) && strings.HasPrefix(ee.msg, "usage: ")
+}
+
+// checkAddr refuses a broker address that is not HOST:PORT with a port
+// number, as a configuration error.
+func checkAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return &configError{fmt.Errorf("--addr %q: %w", addr, err)}
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return &configError{fmt.Errorf("--addr %q: the port must be a number from 1 to 65535", addr)}
+	}
+	return nil
 }
 
 // probe opens a connection to addr and asks the standard health service
@@ -82,7 +133,11 @@ func (c *cli) probe(ctx context.Context, addr string) (conn *grpc.ClientConn, se
 		return nil, false, fmt.Errorf("no answer within %v", c.connectTimeout)
 	case codes.Unavailable, codes.Canceled:
 		conn.Close()
-		return nil, false, fmt.Errorf("%s", status.Convert(err).Message())
+		msg := status.Convert(err).Message()
+		if strings.Contains(msg, "authentication handshake failed") {
+			msg += " (the TLS settings, --tls, --cacert, --cert, do not match the broker's)"
+		}
+		return nil, false, errors.New(msg)
 	default:
 		return conn, false, nil
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"text/tabwriter"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -74,4 +75,26 @@ func printJSON(w io.Writer, m proto.Message) error {
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
+}
+
+// printSessions prints session summaries as a table, one session a line.
+func printSessions(w io.Writer, sessions []*lockbrokerv1.SessionSummary) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SESSION\tOWNER\tTTL\tNAME\tHOLDS")
+	for _, s := range sessions {
+		owner := "client"
+		if s.GetBrokerOwned() {
+			owner = "broker"
+		}
+		holds := make([]string, len(s.GetHolds()))
+		for i, h := range s.GetHolds() {
+			holds[i] = fmt.Sprintf("%q (token %d)", h.GetKey(), h.GetToken())
+		}
+		held := strings.Join(holds, ", ")
+		if held == "" {
+			held = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\n", s.GetSession().GetId(), owner, s.GetSession().GetTtl().AsDuration(), s.GetSession().GetName(), held)
+	}
+	_ = tw.Flush()
 }

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -36,6 +37,9 @@ refuse tokens lower than the highest they have seen):
   LOCKBROKER_SESSION      the Consul session holding it
   LOCKBROKER_TOKEN        the fencing token of this grant
   LOCKBROKER_LOCK_INDEX   Consul's LockIndex of this grant
+A lockctl that CMD runs (a nested lock) does not read these two as its
+key file and bearer token: it reads $LOCKBROKER_CERT_KEY and
+$LOCKBROKER_BEARER_TOKEN, which CMD inherits, as it does $LOCKBROKER_ADDR.
 
 SIGINT, SIGTERM and SIGHUP are forwarded to CMD's process group; lockctl
 then exits with CMD's exit code. If the lock is lost while CMD runs, CMD's
@@ -404,7 +408,7 @@ func (s *supervisor) run() error {
 			s.ch.signal(sig.(syscall.Signal))
 			continue
 		case <-s.g.expiring():
-			why = fmt.Sprintf("no keepalive from the broker: the hold was guaranteed until %s", s.g.end().Format("15:04:05.000"))
+			why = fmt.Sprintf("%s: no keepalive from the broker: the hold was guaranteed until %s", causeKeepaliveTimeout, s.g.end().Format("15:04:05.000"))
 			if s.resuming != nil {
 				why = fmt.Sprintf("%s, and no broker resumed it before then (%s)", why, s.why)
 			}
@@ -416,7 +420,11 @@ func (s *supervisor) run() error {
 		case res := <-s.resumed:
 			s.resuming, s.resumed = nil, nil
 			if res.err != nil {
-				why = fmt.Sprintf("%s; %v", s.why, res.err)
+				cause := causeKeepaliveTimeout
+				if res.refused {
+					cause = causeResumeRefused
+				}
+				why = fmt.Sprintf("%s: %s; %v", cause, s.why, res.err)
 				break
 			}
 			old := s.cur
@@ -463,7 +471,7 @@ func (s *supervisor) run() error {
 				}
 				why = lostText(e.Lost)
 			case *lockbrokerv1.AcquireResponse_Released:
-				why = "released through LockService.Release"
+				why = causeReleased + ": released through LockService.Release"
 			default:
 				if ev.err == nil {
 					continue // queued: nothing to do
@@ -582,9 +590,19 @@ func (g *guarantee) killBy(t time.Time) time.Time {
 
 func (g *guarantee) stop() { g.timer.Stop() }
 
-// lostText describes a `lost` event.
+// The causes of a loss that lockctl decides itself, spelled as in the
+// client libraries (client.CauseKeepaliveTimeout, ...). The broker's are
+// its LostReason names without LOST_REASON_ (see lostText).
+const (
+	causeKeepaliveTimeout = "KEEPALIVE_TIMEOUT"
+	causeResumeRefused    = "RESUME_REFUSED"
+	causeReleased         = "RELEASED"
+)
+
+// lostText describes a `lost` event: the reason's name as every library
+// spells it (SESSION_INVALIDATED, ...), then the detail.
 func lostText(l *lockbrokerv1.AcquireLost) string {
-	s := enumName(l.GetReason().String(), "LOST_REASON_")
+	s := strings.TrimPrefix(l.GetReason().String(), "LOST_REASON_")
 	if d := l.GetDetail(); d != "" {
 		s += ": " + d
 	}

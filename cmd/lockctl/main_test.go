@@ -40,6 +40,7 @@ func TestRunWithoutBroker(t *testing.T) {
 		wantErrSub string // substring of stderr
 	}{
 		{name: "help", args: []string{"--help"}, wantOut: "Exit codes:"},
+		{name: "version", args: []string{"--version"}, wantOut: "lockctl "},
 		{name: "lock help", args: []string{"lock", "--help"}, wantOut: "Usage: lockctl lock KEY"},
 		{name: "lock help lists codes", args: []string{"lock", "-h"}, wantOut: "75   lock: the lock was lost"},
 		{name: "get help", args: []string{"get", "--help"}, wantOut: "Usage: lockctl get KEY"},

@@ -128,9 +128,10 @@ func (r *resumer) closeAll() {
 // resumeResult is how a resume ended: the new stream and its `acquired`,
 // or the error that ends the hold (a refusal, or ctx's).
 type resumeResult struct {
-	hs  *holdStream
-	acq *lockbrokerv1.AcquireAcquired
-	err error
+	hs      *holdStream
+	acq     *lockbrokerv1.AcquireAcquired
+	err     error
+	refused bool // err is a broker's refusal (RESUME_REFUSED)
 }
 
 // run tries the brokers in turn, starting after from, until one resumes
@@ -153,7 +154,7 @@ func (r *resumer) run(ctx context.Context, from string) resumeResult {
 			}
 			return resumeResult{err: fmt.Errorf("no broker resumed the hold (%s)", strings.Join(tried, "; "))}
 		case refused(err):
-			return resumeResult{err: fmt.Errorf("%s refused to resume the hold: %s", addr, statusText(err))}
+			return resumeResult{err: fmt.Errorf("%s refused to resume the hold: %s", addr, statusText(err)), refused: true}
 		}
 		if len(tried) < 2*len(addrs) {
 			tried = append(tried, addr+": "+statusText(err))

@@ -10,29 +10,35 @@ import (
 
 // sessionHelp is the description in `lockctl session --help`.
 const sessionHelp = `Manage Consul sessions through SessionService, for holds that must outlive
-one process (pass the session to Acquire as session_id, e.g. with grpcurl).
+one process: create a session, take keys with it (lockctl acquire or
+try-acquire KEY SESSION), renew it within its TTL, release the keys (lockctl
+release KEY SESSION) or destroy it.
 
   session create [flags]     print the new session's id (with --json, the Session)
+  session list               list the sessions the broker made, and what each holds
   session renew SESSION      reset the session's TTL
   session destroy SESSION    destroy it: Consul releases every key it holds
   session get SESSION        describe it
 
-The broker has no call that lists sessions; use get on a key (lockctl get
-KEY) to see which sessions hold it, or Consul's /v1/session/list.
+On a shared broker, list shows the caller's tenant's sessions; lockctl admin
+list-sessions shows every tenant's (admins only).
 `
 
 // cmdSession implements `lockctl session create|renew|destroy|get`.
 func cmdSession(ctx context.Context, c *cli, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fs := c.flagSet("session", "create|renew|destroy|get [flags] [SESSION]", sessionHelp)
+		fs := c.flagSet("session", "create|list|renew|destroy|get [flags] [SESSION]", sessionHelp)
 		if _, err := c.parseFlags(fs, args); err != nil {
 			return err
 		}
-		return usageErrorf("session wants create, renew, destroy or get")
+		return usageErrorf("session wants create, list, renew, destroy or get")
 	}
 	sub, args := args[0], args[1:]
-	if sub == "create" {
+	switch sub {
+	case "create":
 		return sessionCreate(ctx, c, args)
+	case "list":
+		return sessionList(ctx, c, args)
 	}
 	var asJSON bool
 	help := map[string]string{
@@ -126,5 +132,33 @@ func sessionCreate(ctx context.Context, c *cli, args []string) error {
 		return printJSON(c.stdout, resp)
 	}
 	fmt.Fprintln(c.stdout, resp.GetSession().GetId())
+	return nil
+}
+
+// sessionList implements `lockctl session list`: SessionService.ListSessions.
+func sessionList(ctx context.Context, c *cli, args []string) error {
+	var asJSON bool
+	fs := c.flagSet("session list", "[flags]",
+		"List the sessions the broker created (SessionService.ListSessions), oldest\n"+
+			"first: who renews each (broker: an Acquire stream's; client: made with\n"+
+			"session create), its TTL and name, and the keys it holds with each grant's\n"+
+			"token. Sessions made directly in Consul are not listed.\n")
+	fs.BoolVar(&asJSON, "json", false, "print the ListSessionsResponse as one line of JSON")
+	if _, err := c.parseArgs(fs, args); err != nil {
+		return err
+	}
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	resp, err := lockbrokerv1.NewSessionServiceClient(conn).ListSessions(ctx, &lockbrokerv1.ListSessionsRequest{})
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(c.stdout, resp)
+	}
+	printSessions(c.stdout, resp.GetSessions())
 	return nil
 }

@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/lockbroker/lockbroker/client"
 )
@@ -86,9 +85,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	out := &lockedWriter{w: stdout}
+	dopts, err := client.DialOptions() // plaintext; client.WithCACert, WithClientCert, WithToken for TLS
+	if err != nil {
+		return err
+	}
 	var conns []grpc.ClientConnInterface
 	for _, addr := range cfg.brokers {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(addr, dopts...)
 		if err != nil {
 			return err
 		}
@@ -96,25 +99,26 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		conns = append(conns, conn)
 	}
 	c := client.New(conns[0], client.WithReplicas(conns[1:]...))
+	e := c.Election(cfg.key, client.WithTTL(cfg.ttl), client.WithLockDelay(cfg.lockDelay))
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if cfg.observe {
-		w, err := c.Watch(ctx, cfg.key)
+		obs, err := e.Observe(ctx)
 		if err != nil {
-			return fmt.Errorf("watch %s: %w", cfg.key, err)
+			return fmt.Errorf("observe %s: %w", cfg.key, err)
 		}
-		wg.Go(func() { observe(w, cfg.id, out) })
+		wg.Go(func() { observe(obs, cfg.id, out) })
 	}
-	return campaign(ctx, c, cfg, out)
+	return campaign(ctx, e, cfg, out)
 }
 
 // campaign leads whenever it can until ctx ends.
-func campaign(ctx context.Context, c *client.Client, cfg *config, out io.Writer) error {
+func campaign(ctx context.Context, e *client.Election, cfg *config, out io.Writer) error {
 	backoff := 100 * time.Millisecond
 	for {
 		fmt.Fprintf(out, "%s: campaigning for %s\n", cfg.id, cfg.key)
-		lease, err := c.Lock(ctx, cfg.key, client.WithValue([]byte(cfg.id)), client.WithTTL(cfg.ttl), client.WithLockDelay(cfg.lockDelay))
+		lease, err := e.Campaign(ctx, []byte(cfg.id))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -136,7 +140,7 @@ func campaign(ctx context.Context, c *client.Client, cfg *config, out io.Writer)
 			fmt.Fprintf(out, "%s: stopped leading: %v\n", cfg.id, lease.Err())
 		case <-ctx.Done():
 			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			err := lease.Release(rctx)
+			err := e.Resign(rctx)
 			cancel()
 			if err != nil {
 				fmt.Fprintf(out, "%s: stopped leading: resign failed (the lock ends with the session): %v\n", cfg.id, err)
@@ -150,12 +154,12 @@ func campaign(ctx context.Context, c *client.Client, cfg *config, out io.Writer)
 
 // observe prints each leader change as observers see it: a new leader, a
 // new value (the leader proclaimed), or no leader at all.
-func observe(w *client.Watcher, id string, out io.Writer) {
+func observe(obs *client.Observer, id string, out io.Writer) {
 	last := "" // what was printed last
-	for resp := range w.C {
+	for h := range obs.C {
 		line := "no leader"
-		if hs := resp.GetState().GetHolders(); len(hs) > 0 {
-			line = fmt.Sprintf("leader is %s (token %d)", hs[0].GetValue(), hs[0].GetToken())
+		if h != nil {
+			line = fmt.Sprintf("leader is %s (token %d)", h.GetValue(), h.GetToken())
 		}
 		if line != last {
 			fmt.Fprintf(out, "%s: observed: %s\n", id, line)

@@ -102,7 +102,7 @@ func TestLeaderHandover(t *testing.T) {
 	// free for the lock-delay, then beta leads again.
 	_, err := agent.Client().Session().Destroy(sessionB, nil)
 	require.NoError(t, err)
-	b.wait(`stopped leading: lease lost: LOST_REASON_SESSION_INVALIDATED: .*`)
+	b.wait(`stopped leading: lease lost: SESSION_INVALIDATED: .*`)
 	b.wait(`observed: no leader`)
 	b.wait(`campaigning for example/leader`)
 	tokenB2 := token(t, b.wait(`leading \(token (\d+), session (\S+)\)`)[1])

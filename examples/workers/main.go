@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/lockbroker/lockbroker/client"
 )
@@ -58,9 +57,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if *tasks < 1 || *workers < 1 {
 		return errors.New("-tasks and -workers must be at least 1")
 	}
+	dopts, err := client.DialOptions() // plaintext; client.WithCACert, WithClientCert, WithToken for TLS
+	if err != nil {
+		return err
+	}
 	var conns []grpc.ClientConnInterface
 	for _, addr := range strings.Split(*brokers, ",") {
-		conn, err := grpc.NewClient(strings.TrimSpace(addr), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(strings.TrimSpace(addr), dopts...)
 		if err != nil {
 			return err
 		}

@@ -29,6 +29,29 @@ const (
 	LostReplicaCutOff
 )
 
+// lostReasonNames are the reasons as the API's LostReason values name
+// them without LOST_REASON_, which is how every client library, lockctl
+// and the broker's log spell them.
+var lostReasonNames = [...]string{
+	LostSessionInvalidated: "SESSION_INVALIDATED",
+	LostReleasedByOther:    "RELEASED_BY_OTHER",
+	LostDeletedByOther:     "DELETED_BY_OTHER",
+	LostRenewalFailed:      "RENEWAL_FAILED",
+	LostLimitConflict:      "LIMIT_CONFLICT",
+	LostBrokerShutdown:     "BROKER_SHUTDOWN",
+	LostResumedElsewhere:   "RESUMED_ELSEWHERE",
+	LostReplicaCutOff:      "REPLICA_CUT_OFF",
+}
+
+// String is the reason's name, e.g. SESSION_INVALIDATED ("UNSPECIFIED"
+// for a value that is none of the reasons).
+func (r LostReason) String() string {
+	if r > 0 && int(r) < len(lostReasonNames) {
+		return lostReasonNames[r]
+	}
+	return "UNSPECIFIED"
+}
+
 // Event is one event of an Acquire.
 type Event struct {
 	Kind EventKind

@@ -298,7 +298,7 @@ func (h *hold) conclude(ctx context.Context, o Outcome) error {
 		h.keepForResume(ctx, until)
 		return err
 	}
-	h.b.log.Info("hold lost", zap.String("key", seq.Key), zap.String("session", seq.Session), zap.Int("reason", int(o.Reason)), zap.String("detail", o.Detail))
+	h.b.log.Info("hold lost", zap.String("key", seq.Key), zap.String("session", seq.Session), zap.Stringer("reason", o.Reason), zap.String("detail", o.Detail))
 	if mutantNoLossNotice {
 		// The mutant's bug: the stream stays open and says nothing.
 		select {

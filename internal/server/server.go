@@ -26,6 +26,7 @@ import (
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/broker"
+	"github.com/lockbroker/lockbroker/internal/buildinfo"
 	"github.com/lockbroker/lockbroker/internal/tenant"
 )
 
@@ -293,6 +294,21 @@ func newRegistry(consul Consul, grpcMetrics *grpcMetrics) *prometheus.Registry {
 			Help: "Consul blocking queries this replica has open.",
 		}, func() float64 { return float64(consul.OpenBlockingQueries()) }),
 		consul.Collector(),
+		buildInfoMetric(),
 	)
 	return reg
+}
+
+// buildInfoMetric is lockbroker_build_info: 1, with the running build as
+// labels, so that a dashboard can show which versions a fleet runs (as
+// Prometheus's own prometheus_build_info does).
+func buildInfoMetric() prometheus.Collector {
+	bi := buildinfo.Read()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "lockbroker_build_info",
+		Help:        "Always 1; the labels say which build of the broker this replica runs.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion},
+	})
+	g.Set(1)
+	return g
 }

@@ -27,7 +27,7 @@ func TestLeaderDiscoveryAndProclaim(t *testing.T) {
 	const key = "svc/api/leader"
 	ctx := wtCtx(t)
 
-	h, err := viaOther.Leader(ctx, key)
+	h, err := viaOther.Election(key).Leader(ctx)
 	require.NoError(t, err)
 	assert.Nil(t, h, "no leader yet")
 
@@ -55,7 +55,7 @@ func TestLeaderDiscoveryAndProclaim(t *testing.T) {
 	assert.Equal(t, seq.GetToken(), st.GetHolders()[0].GetToken())
 
 	for name, c := range map[string]*client.Client{"granting replica": viaGranting, "other replica": viaOther} {
-		h, err := c.Leader(ctx, key)
+		h, err := c.Election(key).Leader(ctx)
 		require.NoError(t, err, name)
 		require.NotNil(t, h, name)
 		assert.Equal(t, "10.0.0.1:8080", string(h.GetValue()), name)
@@ -80,12 +80,12 @@ func TestLeaderDiscoveryAndProclaim(t *testing.T) {
 	assert.Equal(t, "10.0.0.3:8080", string(st.GetHolders()[0].GetValue()))
 	assert.Equal(t, seq.GetToken(), st.GetHolders()[0].GetToken())
 
-	h, err = viaGranting.Leader(ctx, key)
+	h, err = viaGranting.Election(key).Leader(ctx)
 	require.NoError(t, err)
 	require.NotNil(t, h)
 	assert.Equal(t, "10.0.0.3:8080", string(h.GetValue()))
 	assert.Equal(t, seq.GetToken(), h.GetToken(), "the granting replica knows the grant's token")
-	h, err = viaOther.Leader(ctx, key)
+	h, err = viaOther.Election(key).Leader(ctx)
 	require.NoError(t, err)
 	require.NotNil(t, h)
 	assert.Equal(t, "10.0.0.3:8080", string(h.GetValue()))
@@ -108,7 +108,7 @@ func TestLeaderDiscoveryAndProclaim(t *testing.T) {
 	require.NoError(t, lease.Release(ctx))
 	st = nextState("the resignation")
 	assert.Empty(t, st.GetHolders())
-	h, err = viaOther.Leader(ctx, key)
+	h, err = viaOther.Election(key).Leader(ctx)
 	require.NoError(t, err)
 	assert.Nil(t, h, "no leader after the resignation")
 }

@@ -141,7 +141,7 @@ func (s *shared) runLockctl(t *testing.T, cert *testpki.Pair, args ...string) (s
 	certFile, keyFile := cert.Write(t, t.TempDir(), "lockctl")
 	cmd := exec.Command(s.lockctl, args...)
 	cmd.Env = append(cleanEnv(), "LOCKBROKER_ADDR="+s.broker.Addr, "LOCKBROKER_CACERT="+s.caFile,
-		"LOCKBROKER_CERT="+certFile, "LOCKBROKER_KEY="+keyFile)
+		"LOCKBROKER_CERT="+certFile, "LOCKBROKER_CERT_KEY="+keyFile)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()

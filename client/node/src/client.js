@@ -20,6 +20,7 @@ import {
   LockLostError,
   LockbrokerError,
   NotHolderError,
+  NotLeaderError,
   SessionLostError,
   UnavailableError,
   UnimplementedError,
@@ -39,6 +40,9 @@ import {
 
 /** How long before the guaranteed deadline a silent lease is reported lost (ms). */
 export const CLIENT_MARGIN_MS = 250;
+
+// Client.leader(key) warns once per process.
+let leaderWarned = false;
 /** A stream silent for this share of its guaranteed time is taken to be on a stalled replica. */
 const STALL_SHARE = 0.6;
 /** Longest single resume attempt on one replica (ms). */
@@ -385,8 +389,39 @@ export class Client {
     }
   }
 
-  /** Leader election on `key`. */
+  /**
+   * Runs `fn(lease)` while holding the lock `key` (lock() with `opts`), then
+   * releases it, whether fn resolves or throws; resolves to fn's result.
+   * Pass `lease.signal` to what fn does, so that a loss aborts it. If the
+   * hold was lost before fn settled, rejects with the LockLostError even
+   * when fn resolved: its work may have overlapped another holder's.
+   */
+  async using(key, fn, opts = {}) {
+    const lease = await this.lock(key, opts);
+    let result;
+    try {
+      result = await fn(lease);
+    } finally {
+      await lease.release();
+    }
+    if (lease.signal.aborted && lease.signal.reason instanceof LockLostError) throw lease.signal.reason;
+    return result;
+  }
+
+  /** Leader election on `key` (the Election of every lockbroker library). */
+  election(key) {
+    return new Election(this, key);
+  }
+
+  /** Deprecated: use election(key). */
   leader(key) {
+    if (!leaderWarned) {
+      leaderWarned = true;
+      process.emitWarning("Client.leader(key) is deprecated; use Client.election(key)", {
+        type: "DeprecationWarning",
+        code: "LOCKBROKER_LEADER",
+      });
+    }
     return new Election(this, key);
   }
 
@@ -821,10 +856,26 @@ export class Election {
   constructor(client, key) {
     this.client = client;
     this.key = key;
+    this._lease = null;
   }
 
-  campaign(value, opts = {}) {
-    return this.client.lock(this.key, { ...opts, value });
+  async campaign(value, opts = {}) {
+    const lease = await this.client.lock(this.key, { ...opts, value });
+    this._lease = lease;
+    return lease;
+  }
+
+  /** Gives the leadership from the last campaign() up; false without one. */
+  async resign(opts) {
+    const lease = this._lease;
+    this._lease = null;
+    return lease ? lease.release(opts) : false;
+  }
+
+  /** Changes the leader's value, same token; NotLeaderError without a leadership. */
+  async proclaim(value) {
+    if (!this._lease) throw new NotLeaderError(`not the leader of ${this.key}: campaign() first`);
+    await this._lease.setValue(value);
   }
 
   async leader() {

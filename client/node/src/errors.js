@@ -56,6 +56,8 @@ export class InvalidArgumentError extends LockbrokerError {}
 export class ConflictError extends LockbrokerError {}
 /** The session does not hold the key, or the grant is no longer current (NOT_HOLDER). */
 export class NotHolderError extends LockbrokerError {}
+/** Election.proclaim() without a leadership (raised by the client itself). */
+export class NotLeaderError extends NotHolderError {}
 /** A resume named a grant that is no longer current (RESUME_REFUSED). */
 export class ResumeRefusedError extends LockbrokerError {}
 /** The session does not exist (NOT_FOUND). */

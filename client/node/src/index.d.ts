@@ -143,7 +143,15 @@ export declare class Client {
   checkSequencer(sequencer: Sequencer): Promise<boolean>;
   /** The state now, then after every change; reconnects across replicas. */
   watch(key: string, options?: WatchOptions): AsyncGenerator<State | typeof SNAPSHOT_COMPLETE, void, undefined>;
+  /**
+   * Runs `fn(lease)` while holding the lock `key`, then releases it, whether
+   * fn resolves or throws; resolves to fn's result. Rejects with the
+   * LockLostError if the hold was lost before fn settled.
+   */
+  using<T>(key: string, fn: (lease: Lease) => Promise<T> | T, options?: LockOptions): Promise<T>;
   /** Leader election on `key`. */
+  election(key: string): Election;
+  /** @deprecated Use election(key). */
   leader(key: string): Election;
   /** Creates a client-owned session (renew it within its TTL, destroy it when done). */
   createSession(options?: Omit<SessionOptions, "sessionName"> & { name?: string }): Promise<SessionInfo>;
@@ -199,12 +207,16 @@ export declare class Lease {
   [Symbol.asyncDispose](): Promise<void>;
 }
 
-/** Leader election on one key (etcd's Election shape). Resign with lease.release(). */
+/** Leader election on one key (etcd's Election shape; the same object in every lockbroker library). */
 export declare class Election {
   constructor(client: Client, key: string);
   readonly key: string;
   /** Resolves once this process leads. */
   campaign(value: string | Uint8Array, options?: Omit<LockOptions, "value">): Promise<Lease>;
+  /** Gives the leadership from the last campaign() up; false without one. */
+  resign(options?: { timeoutMs?: number }): Promise<boolean>;
+  /** Changes the leader's value (same token); NotLeaderError without a leadership. */
+  proclaim(value: string | Uint8Array): Promise<void>;
   /** The leader now, or null. */
   leader(): Promise<Holder | null>;
   /** The leader (or null) after every change of leadership. */
@@ -250,6 +262,7 @@ export declare class WaitTimeoutError extends BusyError {}
 export declare class InvalidArgumentError extends LockbrokerError {}
 export declare class ConflictError extends LockbrokerError {}
 export declare class NotHolderError extends LockbrokerError {}
+export declare class NotLeaderError extends NotHolderError {}
 export declare class ResumeRefusedError extends LockbrokerError {}
 export declare class SessionNotFoundError extends LockbrokerError {}
 export declare class SessionLostError extends LockbrokerError {}

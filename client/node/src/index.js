@@ -13,6 +13,7 @@ export {
   LockLostError,
   LockbrokerError,
   NotHolderError,
+  NotLeaderError,
   PermissionDeniedError,
   QuotaExceededError,
   RejectedError,

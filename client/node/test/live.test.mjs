@@ -12,7 +12,9 @@ import { after, before, test } from "node:test";
 import {
   Client,
   ConflictError,
+  Election,
   LockLostError,
+  NotLeaderError,
   SNAPSHOT_COMPLETE,
   UnavailableError,
   UnimplementedError,
@@ -127,11 +129,11 @@ test("setValue keeps the sequencer; checkSequencer follows the grant", () =>
     assert.equal(await c.checkSequencer(lease.sequencer), false);
   }));
 
-test("leader election: campaign, leader, observe shows resignation", () =>
+test("leader election: campaign, proclaim, leader, observe shows resignation", () =>
   using(async (make) => {
     const k = key("leader");
-    const e1 = make().leader(k);
-    const e2 = make().leader(k);
+    const e1 = make().election(k);
+    const e2 = make().election(k);
     const ac = new AbortController();
     const seen = [];
     const observing = (async () => {
@@ -142,15 +144,54 @@ test("leader election: campaign, leader, observe shows resignation", () =>
       }
     })();
     await waitFor(() => seen.length > 0, 5000, "first observation");
+    await assert.rejects(e1.proclaim("x"), NotLeaderError);
+    assert.equal(await e1.resign(), false, "nothing to resign");
     const lead = await e1.campaign("node-1");
     assert.equal(text((await e2.leader()).value), "node-1");
     await waitFor(() => seen.includes("node-1"), 5000, "observed leader");
-    await lead.release();
+    await e1.proclaim("node-1b");
+    await waitFor(() => seen.includes("node-1b"), 5000, "observed proclamation");
+    assert.equal((await e2.leader()).token, lead.token, "a proclamation keeps the token");
+    assert.equal(await e1.resign(), true);
     await waitFor(() => seen.at(-1) === null, 5000, "observed resignation");
     assert.equal(await e2.leader(), null);
     ac.abort();
     await observing;
-    assert.deepEqual(seen, [null, "node-1", null]);
+    assert.deepEqual(seen, [null, "node-1", "node-1b", null]);
+  }));
+
+test("leader(key) is a deprecated election(key)", () =>
+  using(async (make) => {
+    const warned = new Promise((resolve) => process.once("warning", resolve));
+    const e = make().leader(key("deprecated"));
+    assert.ok(e instanceof Election);
+    const w = await warned;
+    assert.equal(w.name, "DeprecationWarning");
+    assert.match(w.message, /election\(key\)/);
+  }));
+
+test("using(key, fn): holds the lock while fn runs, releases after, passes fn's result or error", () =>
+  using(async (make) => {
+    const c = make();
+    const k = key("using");
+    const got = await c.using(k, async (lease) => {
+      assert.equal((await c.getLock(k)).holder.sessionId, lease.sessionId);
+      assert.equal(await c.tryLock(k), null, "held while fn runs");
+      return 42;
+    }, { ttl: 10 });
+    assert.equal(got, 42);
+    assert.equal((await c.getLock(k)).holder, null, "released after fn");
+    await assert.rejects(c.using(k, async () => {
+      throw new Error("boom");
+    }), /boom/);
+    assert.equal((await c.getLock(k)).holder, null, "released after fn threw");
+    // A hold lost while fn runs: using rejects with the loss, though fn resolved.
+    const other = make();
+    await assert.rejects(c.using(k, async (lease) => {
+      assert.equal(await other.release(k, lease.sessionId, lease.token), true);
+      await lease.waitLost();
+      return "done";
+    }), LockLostError);
   }));
 
 test("client-owned session: TryAcquire, ListSessions, Release", (t) =>

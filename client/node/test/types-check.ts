@@ -33,8 +33,18 @@ export async function example(): Promise<bigint> {
     const h: Holder | null = s.holder;
     void h;
   }
-  const election = client.leader("leader/k");
+  const election = client.election("leader/k");
+  const lead: Lease = await election.campaign("me");
+  void lead;
+  await election.proclaim("me-2");
+  const resigned: boolean = await election.resign();
+  void resigned;
   for await (const leader of election.observe()) void leader?.value;
+  const n: number = await client.using("jobs/nightly", async (l: Lease) => {
+    await fetch("http://127.0.0.1/", { signal: l.signal });
+    return 1;
+  }, { ttl: 15 });
+  void n;
 
   try {
     await client.lock("k", { wait: 0 });

@@ -21,7 +21,7 @@ from ._sessions import SessionInfo, SessionSummary
 from ._sync import Client, Election, Lease
 from ._types import SNAPSHOT_COMPLETE, Holder, Sequencer, State
 from .errors import (Busy, Cancelled, Conflict, Internal, InvalidArgument, LockbrokerError, LockDelay, LockHeld,
-                     LockLost, NotHolder, PermissionDenied, QuotaExceeded, Rejected, ResumeRefused, SessionLost,
+                     LockLost, NotHolder, NotLeader, PermissionDenied, QuotaExceeded, Rejected, ResumeRefused, SessionLost,
                      SessionNotFound, Unauthenticated, Unavailable, Unimplemented, WaitTimeout)
 
 __version__ = "0.1.0"
@@ -29,6 +29,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "Lease", "Election", "TLS", "Sequencer", "Holder", "State", "SNAPSHOT_COMPLETE", "SessionInfo",
     "SessionSummary", "LockbrokerError", "Busy", "LockHeld", "LockDelay", "WaitTimeout", "InvalidArgument",
-    "Conflict", "Rejected", "NotHolder", "ResumeRefused", "SessionNotFound", "SessionLost", "PermissionDenied",
+    "Conflict", "Rejected", "NotHolder", "NotLeader", "ResumeRefused", "SessionNotFound", "SessionLost", "PermissionDenied",
     "Unauthenticated", "QuotaExceeded", "Unavailable", "Unimplemented", "Cancelled", "Internal", "LockLost",
 ]

@@ -4,6 +4,7 @@ import logging
 import queue
 import threading
 import time
+import warnings
 import weakref
 from typing import Callable, Iterator, List, Optional, Union
 
@@ -258,8 +259,17 @@ class Client:
         Watch (from any thread) or use it as a context manager to stop."""
         return Watch(self, lock_pb2.WatchRequest(key=key, prefix=prefix), retry_for)
 
+    def election(self, key: str) -> "Election":
+        """Leader election on `key` (see Election): the same object in every
+        lockbroker library (Go's Client.Election, Node's and Java's
+        election(key))."""
+        return Election(self, key)
+
     def leader(self, key: str) -> "Election":
-        """Leader election on `key` (see Election)."""
+        """Deprecated: use election(key). (In the Go and Java libraries
+        leader(key) read the holder; election(key) is the name all share.)"""
+        warnings.warn("lockbroker: Client.leader(key) is deprecated; use Client.election(key)",
+                      DeprecationWarning, stacklevel=2)
         return Election(self, key)
 
     # -- client-owned sessions ---------------------------------------------
@@ -734,21 +744,39 @@ def _call(cb, err):
 
 
 class Election:
-    """Leader election on one key (etcd's concurrency.Election shape).
+    """Leader election on one key (etcd's concurrency.Election shape; the
+    same object in the Go, Node and Java libraries).
 
     campaign() blocks until this process leads and returns the Lease (its
-    value is the leader's identity); leader() says who leads now; observe()
-    yields the leader (a Holder) or None after every change of leadership.
-    Resign with lease.release(); proclaim a new value with
-    lease.set_value().
+    value is the leader's identity); resign() gives the leadership up;
+    proclaim() changes the leader's value (same token); leader() says who
+    leads now; observe() yields the leader (a Holder) or None after every
+    change of leadership.
     """
 
     def __init__(self, client: Client, key: str):
         self.client = client
         self.key = key
+        self._lease: Optional[Lease] = None
 
     def campaign(self, value: _core.BytesLike, **kw) -> Lease:
-        return self.client.lock(self.key, value=value, **kw)
+        lease = self.client.lock(self.key, value=value, **kw)
+        self._lease = lease
+        return lease
+
+    def resign(self, timeout: float = 10.0) -> bool:
+        """Gives the leadership from the last campaign() up. True if this
+        call released it; False without a leadership (none, lost, or
+        resigned already)."""
+        lease, self._lease = self._lease, None
+        return lease.release(timeout) if lease is not None else False
+
+    def proclaim(self, value: _core.BytesLike) -> None:
+        """Changes the leader's value without giving the leadership up.
+        Raises NotLeader without a leadership, LockLost once it is lost."""
+        if self._lease is None:
+            raise errors.NotLeader("not the leader of %s: campaign() first" % self.key)
+        self._lease.set_value(value)
 
     def leader(self) -> Optional[Holder]:
         return self.client.get_lock(self.key).holder

@@ -16,6 +16,7 @@ the event loop that uses it.
 import asyncio
 import inspect
 import logging
+import warnings
 import weakref
 from typing import Callable, List, Optional, Union
 
@@ -239,7 +240,14 @@ class Client:
         """An async iterator of the states of `key`; see lockbroker.Client.watch."""
         return Watch(self, lock_pb2.WatchRequest(key=key, prefix=prefix), retry_for)
 
+    def election(self, key: str) -> "Election":
+        """Leader election on `key`; see lockbroker.Election."""
+        return Election(self, key)
+
     def leader(self, key: str) -> "Election":
+        """Deprecated: use election(key)."""
+        warnings.warn("lockbroker: Client.leader(key) is deprecated; use Client.election(key)",
+                      DeprecationWarning, stacklevel=2)
         return Election(self, key)
 
     # -- client-owned sessions ---------------------------------------------
@@ -635,9 +643,21 @@ class Election:
     def __init__(self, client: Client, key: str):
         self.client = client
         self.key = key
+        self._lease: Optional[Lease] = None
 
     async def campaign(self, value: _core.BytesLike, **kw) -> Lease:
-        return await self.client.lock(self.key, value=value, **kw)
+        lease = await self.client.lock(self.key, value=value, **kw)
+        self._lease = lease
+        return lease
+
+    async def resign(self, timeout: float = 10.0) -> bool:
+        lease, self._lease = self._lease, None
+        return await lease.release(timeout) if lease is not None else False
+
+    async def proclaim(self, value: _core.BytesLike) -> None:
+        if self._lease is None:
+            raise errors.NotLeader("not the leader of %s: campaign() first" % self.key)
+        await self._lease.set_value(value)
 
     async def leader(self) -> Optional[Holder]:
         return (await self.client.get_lock(self.key)).holder

@@ -97,6 +97,11 @@ class NotHolder(LockbrokerError):
     no longer the current one (FAILED_PRECONDITION, NOT_HOLDER)."""
 
 
+class NotLeader(NotHolder):
+    """Election.proclaim() without a leadership: no campaign() won, or it
+    was resigned (raised by the client itself)."""
+
+
 class ResumeRefused(LockbrokerError):
     """A resume named a grant that is no longer current (FAILED_PRECONDITION,
     RESUME_REFUSED)."""

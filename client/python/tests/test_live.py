@@ -75,20 +75,33 @@ def test_set_value_and_check_sequencer(client, key):
 
 def test_election(broker, key):
     with lockbroker.Client(broker.addr) as c1, lockbroker.Client(broker.addr) as c2:
-        e1, e2 = c1.leader(key), c2.leader(key)
+        e1, e2 = c1.election(key), c2.election(key)
         seen = []
         obs = e2.observe()
         t = threading.Thread(target=lambda: [seen.append(h.value if h else None) for h in obs], daemon=True)
         t.start()
         wait_for(lambda: seen, 5, "first observation")
+        with pytest.raises(lockbroker.NotLeader):
+            e1.proclaim(b"x")
+        assert e1.resign() is False, "nothing to resign"
         lead = e1.campaign(b"py-1")
         assert e2.leader().value == b"py-1"
         wait_for(lambda: b"py-1" in seen, 5, "observed leader")
-        lead.release()
+        e1.proclaim(b"py-1b")
+        wait_for(lambda: b"py-1b" in seen, 5, "observed proclamation")
+        assert e2.leader().token == lead.token, "a proclamation keeps the token"
+        assert e1.resign() is True
+        assert lead.lost.is_set() or lead.released
         wait_for(lambda: seen and seen[-1] is None, 5, "observed resignation")
         assert e2.leader() is None
     t.join(5)
-    assert seen == [None, b"py-1", None]
+    assert seen == [None, b"py-1", b"py-1b", None]
+
+
+def test_leader_is_a_deprecated_election(client, key):
+    with pytest.warns(DeprecationWarning, match="election"):
+        e = client.leader(key)
+    assert isinstance(e, lockbroker.Election) and e.key == key
 
 
 def test_client_owned_session(client, key):
@@ -166,9 +179,15 @@ def test_aio_semaphore_election_and_stall(cluster, broker, key):
             assert await c.try_semaphore(key + "/sem", 2) is None
             await s1.release()
             await s2.release()
-            e = c.leader(key + "/leader")
+            e = c.election(key + "/leader")
+            with pytest.raises(lockbroker.NotLeader):
+                await e.proclaim("y")
             async with await e.campaign("x") as lead:
                 assert (await e.leader()).session_id == lead.session_id
+                await e.proclaim("x2")
+                assert (await e.leader()).value == b"x2"
+                assert await e.resign() is True
+            assert await e.leader() is None
         async with aio.Client(a.addr, targets=[b.addr]) as c:
             lease = await c.lock(key + "/stall", ttl=10)
             known = lease.deadline

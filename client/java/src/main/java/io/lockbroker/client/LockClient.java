@@ -575,12 +575,29 @@ public final class LockClient implements AutoCloseable {
   }
 
   /**
+   * Leader election on key (see {@link Election}), each campaign with
+   * options (TTL, lock-delay, session name; the value is the campaign's).
+   */
+  public Election election(String key, LockOptions options) {
+    return new Election(this, key, options);
+  }
+
+  /** {@link #election(String, LockOptions)} with the defaults. */
+  public Election election(String key) {
+    return election(key, LockOptions.defaults());
+  }
+
+  /**
    * The current holder of the lock at key (leader discovery: its value is
    * the leader's identity); empty when nobody holds it.
+   *
+   * @deprecated use {@code election(key).leader()}: in the other libraries
+   *     {@code leader(key)} is an election, and {@code election(key)} is the
+   *     name every library shares.
    */
+  @Deprecated
   public Optional<Holder> leader(String key) {
-    LockState st = getLock(key);
-    return st.getHoldersCount() == 0 ? Optional.empty() : Optional.of(st.getHolders(0));
+    return election(key).leader();
   }
 
   /** Whether seq is still the current grant of its key (Chubby's CheckSequencer). */

@@ -85,7 +85,7 @@ class LockClientTest {
       first.close();
       try (Lease l = second.get(10, TimeUnit.SECONDS)) {
         assertTrue(Long.compareUnsigned(l.token(), first.token()) > 0);
-        assertEquals("second", other.leader(key).orElseThrow().getValue().toString(StandardCharsets.UTF_8));
+        assertEquals("second", other.election(key).leader().orElseThrow().getValue().toString(StandardCharsets.UTF_8));
       }
     }
   }
@@ -161,6 +161,7 @@ class LockClientTest {
   }
 
   @Test
+  @SuppressWarnings("deprecation")
   void leaderAndCheckSequencerFollowTheHold() throws Exception {
     String key = Cluster.key("leader");
     try (LockClient c = shared()) {
@@ -172,6 +173,58 @@ class LockClientTest {
       assertFalse(c.checkSequencer(l.sequencer()));
       assertTrue(c.leader(key).isEmpty());
     }
+  }
+
+  @Test
+  void electionCampaignsProclaimsObservesAndResigns() throws Exception {
+    String key = Cluster.key("election");
+    LockOptions opts = LockOptions.defaults().lockDelay(Duration.ZERO);
+    try (LockClient c1 = shared(); LockClient c2 = shared()) {
+      Election a = c1.election(key, opts);
+      Election b = c2.election(key, opts);
+      assertEquals(key, a.key());
+      try (Election.Observer obs = c2.election(key).observe()) {
+        assertTrue(obs.poll(Duration.ofSeconds(10)).isEmpty(), "nobody leads yet");
+        assertTrue(a.leader().isEmpty());
+        assertThrows(IllegalStateException.class, () -> a.proclaim("x"));
+        assertFalse(a.resign(), "nothing to resign");
+        assertFalse(a.hasLeadership());
+
+        Lease leadA = a.campaign("alpha");
+        assertTrue(a.hasLeadership());
+        assertEquals("alpha", value(obs.poll(Duration.ofSeconds(10))));
+        assertEquals(leadA.token(), b.leader().orElseThrow().getToken());
+        a.proclaim("alpha-2");
+        Optional<io.lockbroker.v1.Holder> proclaimed = obs.poll(Duration.ofSeconds(10));
+        assertEquals("alpha-2", value(proclaimed));
+        assertEquals(leadA.token(), proclaimed.orElseThrow().getToken(), "a proclamation keeps the token");
+
+        CompletableFuture<Lease> bLeads = CompletableFuture.supplyAsync(() -> {
+          try {
+            return b.campaign("beta");
+          } catch (InterruptedException e) {
+            throw new RuntimeException(e);
+          }
+        });
+        assertThrows(TimeoutException.class, () -> bLeads.get(300, TimeUnit.MILLISECONDS), "b leads while a does");
+        assertTrue(a.resign());
+        assertFalse(a.hasLeadership());
+        Lease leadB = bLeads.get(10, TimeUnit.SECONDS);
+        assertTrue(leadB.token() > leadA.token());
+        Optional<io.lockbroker.v1.Holder> h = obs.poll(Duration.ofSeconds(10));
+        if (h != null && h.isEmpty()) { // a's resignation, unless b took the key at once
+          h = obs.poll(Duration.ofSeconds(10));
+        }
+        assertEquals("beta", value(h));
+        b.close();
+        assertTrue(obs.poll(Duration.ofSeconds(10)).isEmpty(), "b resigned: nobody leads");
+      }
+    }
+  }
+
+  private static String value(Optional<io.lockbroker.v1.Holder> h) {
+    assertNotNull(h, "no leadership change within the timeout");
+    return h.map(x -> x.getValue().toString(StandardCharsets.UTF_8)).orElse(null);
   }
 
   @Test
