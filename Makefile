@@ -11,7 +11,7 @@ PYTHON := /usr/bin/python3
 DEB_PACKAGES := protobuf-compiler protobuf-compiler-grpc python3-grpcio python3-protobuf python3-pytest
 
 .PHONY: all run test test-go test-race test-clients test-java test-conformance-go test-python test-node lint generate check-generate breaking \
-	consul broker lockctl deps deps-npm deps-deb deps-node bench chaos clean
+	consul broker lockctl test-deploy deps deps-npm deps-deb deps-node bench chaos clean
 
 all: broker lockctl
 
@@ -78,7 +78,7 @@ lint: deps-npm
 
 ## Tests ------------------------------------------------------------------
 
-test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-clients test-java test-conformance-go chaos-short
+test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-clients test-java test-conformance-go test-deploy chaos-short
 
 test-go: consul
 	$(GO) test -count=1 -timeout 25m ./...
@@ -123,6 +123,13 @@ bench: consul
 bench-profile: consul
 	$(GO) test -count=1 -run '^$$' -bench 'Cycle/broker' -benchtime 3000x -cpuprofile bin/cpu.out -o bin/bench.test ./test/bench/
 	$(GO) tool pprof -top -nodecount=40 bin/bench.test bin/cpu.out
+
+# deploy/: the Kubernetes manifests decoded strictly into the Kubernetes
+# API's Go types and checked against the broker's and lockctl's flags
+# (deploy/validate, a module of its own so that the broker's module does
+# not depend on Kubernetes).
+test-deploy:
+	cd deploy/validate && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 ## Running it -------------------------------------------------------------
 
