@@ -28,12 +28,13 @@ type call struct {
 	cancel context.CancelFunc
 	rec    record
 	stale  bool // a "not found" a consistent read contradicted (renewNotFound)
+	start  time.Time
 }
 
 // begin starts a call of kind op bounded by timeout, unless ctx ends
 // first anyway.
 func (s *Store) begin(ctx context.Context, op opKind, timeout time.Duration) *call {
-	c := &call{s: s, op: op, parent: ctx, cancel: noCancel}
+	c := &call{s: s, op: op, parent: ctx, cancel: noCancel, start: time.Now()}
 	if d, ok := ctx.Deadline(); !ok || time.Until(d) > timeout {
 		ctx, c.cancel = context.WithTimeout(ctx, timeout)
 	}
@@ -58,6 +59,7 @@ func (c *call) end(err error) error {
 		r = resStaleNotFound
 	}
 	c.s.counts.add(c.op, r)
+	c.s.latency.observe(c.op, time.Since(c.start))
 	return err
 }
 

@@ -156,6 +156,7 @@ type Store struct {
 	blocking atomic.Int64  // blocking queries in flight
 	queued   atomic.Int64  // Watch calls waiting for a slot
 	counts   counters
+	latency  latencies
 }
 
 // Open returns a Store for the agent cfg names. It builds two clients from
@@ -195,7 +196,7 @@ func Open(cfg *api.Config, opts Options) (*Store, error) {
 }
 
 func newStore(c, blockingC *api.Client, opts Options) *Store {
-	return &Store{opts: opts, c: c, blockingC: blockingC, slots: make(chan struct{}, opts.MaxBlocking)}
+	return &Store{opts: opts, c: c, blockingC: blockingC, slots: make(chan struct{}, opts.MaxBlocking), latency: newLatencies()}
 }
 
 // Close releases the Store's idle connections. Call it once no call is in

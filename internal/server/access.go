@@ -64,7 +64,9 @@ type call struct {
 	hasNamed bool
 	// release gives back what admission took (a max_holds slot).
 	release func()
-	// track follows an Acquire stream's events for the per-tenant gauges.
+	// track follows an Acquire stream's events for the replica's and the
+	// tenant's gauges (set by streams.intercept, joined to the tenant by
+	// admitRequest).
 	track *holdTracker
 }
 
@@ -176,7 +178,8 @@ func (a *access) admitRequest(ctx context.Context, c *call) error {
 		if err != nil {
 			return err
 		}
-		c.release, c.track = release, a.quotas.tracker(t)
+		c.release = release
+		c.track.join(a.quotas.of(t))
 	case methodTryAcquire:
 		return a.quotas.takeRate(t)
 	case methodCreateSession:

@@ -171,12 +171,12 @@ func (q *quotas) denied(t *tenant.Tenant) {
 	q.of(t).denials.Add(1)
 }
 
-// tracker follows one Acquire stream of t: a waiter until `acquired`, a
-// hold until `lost`, `released` or the end of the stream.
-func (q *quotas) tracker(t *tenant.Tenant) *holdTracker {
-	u := q.of(t)
-	u.waiting.Add(1)
-	return &holdTracker{u: u, state: trackWaiting}
+// newHoldTracker follows one Acquire stream: a waiter until `acquired`, a
+// hold until `lost`, `released` or the end of the stream, in the replica's
+// metrics m and, once join has been called, in a tenant's usage too.
+func newHoldTracker(m *holdMetrics) *holdTracker {
+	m.waiting.Add(1)
+	return &holdTracker{m: m, start: time.Now(), state: trackWaiting}
 }
 
 const (
@@ -186,21 +186,51 @@ const (
 )
 
 type holdTracker struct {
-	u     *usage
-	mu    sync.Mutex
-	state int
+	m      *holdMetrics
+	start  time.Time
+	mu     sync.Mutex
+	u      *usage // nil: no tenant (yet)
+	state  int
+	queued bool // told `queued` before `acquired`: a wait, not a grant
+}
+
+// join counts the stream in the tenant usage u as well.
+func (h *holdTracker) join(u *usage) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch h.state {
+	case trackWaiting:
+		u.waiting.Add(1)
+	case trackHolding:
+		u.holding.Add(1)
+	}
+	h.u = u
 }
 
 func (h *holdTracker) event(r *lockbrokerv1.AcquireResponse) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
+	case r.GetQueued() != nil:
+		h.queued = true
 	case r.GetAcquired() != nil && h.state == trackWaiting:
-		h.u.waiting.Add(-1)
-		h.u.holding.Add(1)
-		h.u.acquires.Add(1)
+		h.m.waiting.Add(-1)
+		h.m.holding.Add(1)
+		latency := h.m.grant
+		if h.queued {
+			latency = h.m.wait
+		}
+		latency.Observe(time.Since(h.start).Seconds())
+		if h.u != nil {
+			h.u.waiting.Add(-1)
+			h.u.holding.Add(1)
+			h.u.acquires.Add(1)
+		}
 		h.state = trackHolding
-	case (r.GetLost() != nil || r.GetReleased() != nil) && h.state != trackDone:
+	case r.GetLost() != nil && h.state != trackDone:
+		h.m.lost(r.GetLost().GetReason())
+		h.leave()
+	case r.GetReleased() != nil && h.state != trackDone:
 		h.leave()
 	}
 }
@@ -214,9 +244,15 @@ func (h *holdTracker) end() {
 func (h *holdTracker) leave() {
 	switch h.state {
 	case trackWaiting:
-		h.u.waiting.Add(-1)
+		h.m.waiting.Add(-1)
+		if h.u != nil {
+			h.u.waiting.Add(-1)
+		}
 	case trackHolding:
-		h.u.holding.Add(-1)
+		h.m.holding.Add(-1)
+		if h.u != nil {
+			h.u.holding.Add(-1)
+		}
 	}
 	h.state = trackDone
 }

@@ -145,7 +145,15 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "lockbroker_replica_cut_off_total",
 		Help: "Requests and streams this replica ended UNAVAILABLE with REPLICA_CUT_OFF: cut off from its Consul agent, it sent them to another replica.",
-	}, func() float64 { return float64(b.CutOffAnswers()) }))
+	}, func() float64 { return float64(b.CutOffAnswers()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "lockbroker_replica_cut_off",
+		Help: "1 while this replica counts as cut off from its Consul agent (no answer for 3 s), sending requests and streams to other replicas; 0 otherwise.",
+	}, func() float64 {
+		if b.Admit() != nil {
+			return 1
+		}
+		return 0
+	}))
 	recovered := func(p any) error {
 		log.Error("panic in handler", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
@@ -165,6 +173,8 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	}, func(err error) error { return toStatus(log, b.Placed(err)) })
 	acc.cfg.Store(o.tenants)
 	reg.MustRegister(newTenantCollector(acc))
+	holds := newHoldMetrics()
+	reg.MustRegister(holds.collectors()...)
 	serverOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(val.codec),
 		grpc.NumStreamWorkers(o.workers),
@@ -179,7 +189,7 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 			gate.unary,
 		),
 		// The same six for streams, in one frame (see streams).
-		grpc.StreamInterceptor((&streams{metrics: srvMetrics, log: accessLog, recovered: recovered, access: acc, val: val, gate: gate}).intercept),
+		grpc.StreamInterceptor((&streams{metrics: srvMetrics, log: accessLog, recovered: recovered, access: acc, val: val, gate: gate, holds: holds}).intercept),
 	}
 	if o.creds != nil {
 		serverOpts = append(serverOpts, grpc.Creds(o.creds))
