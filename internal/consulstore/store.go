@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockbroker/lockbroker/internal/broker"
 )
@@ -94,6 +95,12 @@ type Options struct {
 	// batch.go); default DefaultMaxTxnInFlight (4). Each caller still gets
 	// its own transaction's answer. Negative is an error.
 	MaxTxnInFlight int
+	// Tracer, when set, gives each call made in a sampled trace (the
+	// context of an RPC the server traces) a client span of its own,
+	// "consul <operation>", child of the caller's. Calls outside a trace
+	// (renewals, the session pool, a group commit's batch) make none.
+	// Default nil: no spans.
+	Tracer trace.Tracer
 }
 
 // withDefaults returns o with zero fields set to their defaults, or an

@@ -1,0 +1,186 @@
+package observability_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// otlpReceiver is a minimal OTLP/HTTP trace receiver (protobuf
+// encoding, as the OTLP specification's default): it keeps every span
+// it is sent, with its service's name.
+type otlpReceiver struct {
+	srv *httptest.Server
+
+	mu       sync.Mutex
+	spans    []*tracepb.Span
+	services map[string]bool
+}
+
+func newOTLPReceiver(t *testing.T) *otlpReceiver {
+	r := &otlpReceiver{services: map[string]bool{}}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path != "/v1/traces" || req.Header.Get("Content-Type") != "application/x-protobuf" {
+			http.Error(w, "want a protobuf POST to /v1/traces", http.StatusUnsupportedMediaType)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(req.Body, 16<<20))
+		var msg coltracepb.ExportTraceServiceRequest
+		if err == nil {
+			err = proto.Unmarshal(body, &msg)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.mu.Lock()
+		for _, rs := range msg.GetResourceSpans() {
+			for _, a := range rs.GetResource().GetAttributes() {
+				if a.GetKey() == "service.name" {
+					r.services[a.GetValue().GetStringValue()] = true
+				}
+			}
+			for _, ss := range rs.GetScopeSpans() {
+				r.spans = append(r.spans, ss.GetSpans()...)
+			}
+		}
+		r.mu.Unlock()
+		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		_, _ = w.Write(out)
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+// of returns the spans received so far of trace id.
+func (r *otlpReceiver) of(id []byte) []*tracepb.Span {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*tracepb.Span
+	for _, s := range r.spans {
+		if string(s.GetTraceId()) == string(id) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (r *otlpReceiver) all() []*tracepb.Span {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*tracepb.Span(nil), r.spans...)
+}
+
+// traceparent returns a W3C traceparent header for a new sampled trace,
+// with its trace and parent span ids.
+func traceparent(t *testing.T) (header string, traceID, spanID []byte) {
+	traceID, spanID = make([]byte, 16), make([]byte, 8)
+	_, err := rand.Read(traceID)
+	require.NoError(t, err)
+	_, err = rand.Read(spanID)
+	require.NoError(t, err)
+	return "00-" + hex.EncodeToString(traceID) + "-" + hex.EncodeToString(spanID) + "-01", traceID, spanID
+}
+
+// TestTracingSpanTree runs a broker process with OTEL_EXPORTER_OTLP_ENDPOINT
+// pointing at an OTLP receiver of the test's own, makes a TryAcquire and
+// a Release under a trace context the test sends as the W3C traceparent
+// header, and checks the spans' tree: each RPC's server span is a child of
+// the test's span, and each Consul call made for it a client span under
+// the server span. Health checks make no spans.
+func TestTracingSpanTree(t *testing.T) {
+	recv := newOTLPReceiver(t)
+	agent := consultest.Start(t)
+	p := brokertest.StartProcess(t, agent, brokertest.WithEnv(
+		"OTEL_EXPORTER_OTLP_ENDPOINT="+recv.srv.URL,
+		"OTEL_BSP_SCHEDULE_DELAY=50", // ms: export at once
+		"OTEL_SERVICE_NAME=lockbroker-trace-test",
+	))
+	conn, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	locks := lockbrokerv1.NewLockServiceClient(conn)
+	sessions := lockbrokerv1.NewSessionServiceClient(conn)
+
+	// A client-owned session (no trace), then the traced calls.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sess, err := sessions.CreateSession(ctx, &lockbrokerv1.CreateSessionRequest{})
+	require.NoError(t, err)
+	header, traceID, parentID := traceparent(t)
+	tctx := metadata.AppendToOutgoingContext(ctx, "traceparent", header)
+	got, err := locks.TryAcquire(tctx, &lockbrokerv1.TryAcquireRequest{Key: "trace/k", SessionId: sess.GetSession().GetId()})
+	require.NoError(t, err)
+	_, err = locks.Release(tctx, &lockbrokerv1.ReleaseRequest{Key: "trace/k", SessionId: sess.GetSession().GetId(), Token: got.GetSequencer().GetToken()})
+	require.NoError(t, err)
+
+	var spans []*tracepb.Span
+	require.Eventually(t, func() bool {
+		spans = recv.of(traceID)
+		servers := 0
+		for _, s := range spans {
+			if s.GetKind() == tracepb.Span_SPAN_KIND_SERVER {
+				servers++
+			}
+		}
+		return servers == 2
+	}, 10*time.Second, 20*time.Millisecond, "two server spans of the trace")
+	time.Sleep(200 * time.Millisecond) // a child ends before its parent: all are in
+	spans = recv.of(traceID)
+
+	byID := map[string]*tracepb.Span{}
+	for _, s := range spans {
+		byID[string(s.GetSpanId())] = s
+	}
+	children := map[string][]string{} // server span name -> its children's names
+	for _, s := range spans {
+		switch s.GetKind() {
+		case tracepb.Span_SPAN_KIND_SERVER:
+			assert.Equal(t, parentID, s.GetParentSpanId(), "server span %s is a child of the client's span", s.GetName())
+			children[s.GetName()] = children[s.GetName()] // present even without children
+		case tracepb.Span_SPAN_KIND_CLIENT:
+			parent := byID[string(s.GetParentSpanId())]
+			require.NotNil(t, parent, "span %s has a parent in the trace", s.GetName())
+			assert.Equal(t, tracepb.Span_SPAN_KIND_SERVER, parent.GetKind(), "span %s is under an RPC's span", s.GetName())
+			assert.True(t, strings.HasPrefix(s.GetName(), "consul "), s.GetName())
+			assert.LessOrEqual(t, parent.GetStartTimeUnixNano(), s.GetStartTimeUnixNano())
+			assert.LessOrEqual(t, s.GetEndTimeUnixNano(), parent.GetEndTimeUnixNano())
+			children[parent.GetName()] = append(children[parent.GetName()], s.GetName())
+		default:
+			t.Errorf("unexpected span %s of kind %v", s.GetName(), s.GetKind())
+		}
+	}
+	t.Logf("span tree: %v", children)
+	require.Contains(t, children, "lockbroker.v1.LockService/TryAcquire")
+	require.Contains(t, children, "lockbroker.v1.LockService/Release")
+	assert.Contains(t, children["lockbroker.v1.LockService/TryAcquire"], "consul kv txn", "the grant's transaction")
+	assert.NotEmpty(t, children["lockbroker.v1.LockService/Release"], "the release's Consul calls")
+
+	recv.mu.Lock()
+	assert.True(t, recv.services["lockbroker-trace-test"], "OTEL_SERVICE_NAME names the service")
+	recv.mu.Unlock()
+	for _, s := range recv.all() {
+		assert.NotContains(t, s.GetName(), "grpc.health.v1", "health checks make no spans")
+	}
+}
