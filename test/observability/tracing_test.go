@@ -14,6 +14,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
@@ -21,6 +24,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/lockbroker/lockbroker/client"
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
@@ -135,6 +139,10 @@ func TestTracingSpanTree(t *testing.T) {
 	_, err = locks.Release(tctx, &lockbrokerv1.ReleaseRequest{Key: "trace/k", SessionId: sess.GetSession().GetId(), Token: got.GetSequencer().GetToken()})
 	require.NoError(t, err)
 
+	// The Go library under a trace of the caller's: its connection has
+	// OpenTelemetry's client stats handler, which sends the traceparent.
+	goTrace, goParent := goLibraryLease(t, p.Addr)
+
 	var spans []*tracepb.Span
 	require.Eventually(t, func() bool {
 		spans = recv.of(traceID)
@@ -177,10 +185,45 @@ func TestTracingSpanTree(t *testing.T) {
 	assert.Contains(t, children["lockbroker.v1.LockService/TryAcquire"], "consul kv txn", "the grant's transaction")
 	assert.NotEmpty(t, children["lockbroker.v1.LockService/Release"], "the release's Consul calls")
 
+	// The Go library's Acquire stream: a server span under the caller's.
+	require.Eventually(t, func() bool { return len(recv.of(goTrace)) > 0 }, 10*time.Second, 20*time.Millisecond,
+		"the Go library's Acquire carries the caller's trace")
+	var acquire *tracepb.Span
+	for _, s := range recv.of(goTrace) {
+		if s.GetName() == "lockbroker.v1.LockService/Acquire" {
+			acquire = s
+		}
+	}
+	require.NotNil(t, acquire, "a server span for the Go library's Acquire")
+	assert.Equal(t, goParent, acquire.GetParentSpanId())
+
 	recv.mu.Lock()
 	assert.True(t, recv.services["lockbroker-trace-test"], "OTEL_SERVICE_NAME names the service")
 	recv.mu.Unlock()
 	for _, s := range recv.all() {
 		assert.NotContains(t, s.GetName(), "grpc.health.v1", "health checks make no spans")
 	}
+}
+
+// goLibraryLease takes and releases a lease with the Go client library
+// inside a sampled trace context of the test's, on a connection with
+// OpenTelemetry's gRPC client handler (no SDK: the handler's no-op span
+// carries the caller's span context, which the propagator sends).
+func goLibraryLease(t *testing.T, addr string) (traceID, spanID []byte) {
+	t.Helper()
+	_, traceID, spanID = traceparent(t)
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID(traceID), SpanID: trace.SpanID(spanID), TraceFlags: trace.FlagsSampled})
+	ctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(context.Background(), sc), 30*time.Second)
+	defer cancel()
+	dopts, err := client.DialOptions()
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(addr, append(dopts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
+		otelgrpc.WithPropagators(propagation.TraceContext{}))))...)
+	require.NoError(t, err)
+	defer conn.Close()
+	lease, err := client.New(conn).Lock(ctx, "trace/go")
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(ctx))
+	return traceID, spanID
 }
