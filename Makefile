@@ -96,11 +96,12 @@ test-clients: consul broker deps-deb client/node/node_modules/.package-lock.json
 	LOCKBROKER_BIN=$(CURDIR)/bin/broker $(PYTHON) -m pytest -q client/python/tests test/conformance/python
 	LOCKBROKER_BIN=$(CURDIR)/bin/broker node --test client/node/test/ test/conformance/node/
 
-# Conformance S5 with every language at once (Go, Python, Node, Java):
-# needs client/node's packages and the Java CLI's build.
+# Conformance S5 with every language at once (Go, Python, Node, Java),
+# and each library's W3C trace context reaching the broker's spans: needs
+# client/node's packages and the Java CLI's build.
 test-conformance-go: consul deps-deb client/node/node_modules/.package-lock.json
 	$(MAKE) -C client/java build test-compile examples
-	LOCKBROKER_S5_REQUIRE=all $(GO) test -count=1 -v -run 'TestS5CrossLanguage' ./test/conformance/go/
+	LOCKBROKER_S5_REQUIRE=all $(GO) test -count=1 -v -run 'TestS5CrossLanguage|TestTraceContextCrossLanguage' ./test/conformance/go/
 
 # The Java client (client/java: Debian's OpenJDK and jars, installed on
 # first use).

@@ -2,13 +2,7 @@ package observability_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,95 +11,17 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/lockbroker/lockbroker/client"
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
+	"github.com/lockbroker/lockbroker/internal/otlptest"
 )
-
-// otlpReceiver is a minimal OTLP/HTTP trace receiver (protobuf
-// encoding, as the OTLP specification's default): it keeps every span
-// it is sent, with its service's name.
-type otlpReceiver struct {
-	srv *httptest.Server
-
-	mu       sync.Mutex
-	spans    []*tracepb.Span
-	services map[string]bool
-}
-
-func newOTLPReceiver(t *testing.T) *otlpReceiver {
-	r := &otlpReceiver{services: map[string]bool{}}
-	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.URL.Path != "/v1/traces" || req.Header.Get("Content-Type") != "application/x-protobuf" {
-			http.Error(w, "want a protobuf POST to /v1/traces", http.StatusUnsupportedMediaType)
-			return
-		}
-		body, err := io.ReadAll(io.LimitReader(req.Body, 16<<20))
-		var msg coltracepb.ExportTraceServiceRequest
-		if err == nil {
-			err = proto.Unmarshal(body, &msg)
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		r.mu.Lock()
-		for _, rs := range msg.GetResourceSpans() {
-			for _, a := range rs.GetResource().GetAttributes() {
-				if a.GetKey() == "service.name" {
-					r.services[a.GetValue().GetStringValue()] = true
-				}
-			}
-			for _, ss := range rs.GetScopeSpans() {
-				r.spans = append(r.spans, ss.GetSpans()...)
-			}
-		}
-		r.mu.Unlock()
-		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		_, _ = w.Write(out)
-	}))
-	t.Cleanup(r.srv.Close)
-	return r
-}
-
-// of returns the spans received so far of trace id.
-func (r *otlpReceiver) of(id []byte) []*tracepb.Span {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []*tracepb.Span
-	for _, s := range r.spans {
-		if string(s.GetTraceId()) == string(id) {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-func (r *otlpReceiver) all() []*tracepb.Span {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]*tracepb.Span(nil), r.spans...)
-}
-
-// traceparent returns a W3C traceparent header for a new sampled trace,
-// with its trace and parent span ids.
-func traceparent(t *testing.T) (header string, traceID, spanID []byte) {
-	traceID, spanID = make([]byte, 16), make([]byte, 8)
-	_, err := rand.Read(traceID)
-	require.NoError(t, err)
-	_, err = rand.Read(spanID)
-	require.NoError(t, err)
-	return "00-" + hex.EncodeToString(traceID) + "-" + hex.EncodeToString(spanID) + "-01", traceID, spanID
-}
 
 // TestTracingSpanTree runs a broker process with OTEL_EXPORTER_OTLP_ENDPOINT
 // pointing at an OTLP receiver of the test's own, makes a TryAcquire and
@@ -114,13 +30,9 @@ func traceparent(t *testing.T) (header string, traceID, spanID []byte) {
 // the test's span, and each Consul call made for it a client span under
 // the server span. Health checks make no spans.
 func TestTracingSpanTree(t *testing.T) {
-	recv := newOTLPReceiver(t)
+	recv := otlptest.Start(t)
 	agent := consultest.Start(t)
-	p := brokertest.StartProcess(t, agent, brokertest.WithEnv(
-		"OTEL_EXPORTER_OTLP_ENDPOINT="+recv.srv.URL,
-		"OTEL_BSP_SCHEDULE_DELAY=50", // ms: export at once
-		"OTEL_SERVICE_NAME=lockbroker-trace-test",
-	))
+	p := brokertest.StartProcess(t, agent, brokertest.WithEnv(recv.Env("lockbroker-trace-test")...))
 	conn, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	defer conn.Close()
@@ -132,7 +44,7 @@ func TestTracingSpanTree(t *testing.T) {
 	defer cancel()
 	sess, err := sessions.CreateSession(ctx, &lockbrokerv1.CreateSessionRequest{})
 	require.NoError(t, err)
-	header, traceID, parentID := traceparent(t)
+	header, traceID, parentID := otlptest.Traceparent(t)
 	tctx := metadata.AppendToOutgoingContext(ctx, "traceparent", header)
 	got, err := locks.TryAcquire(tctx, &lockbrokerv1.TryAcquireRequest{Key: "trace/k", SessionId: sess.GetSession().GetId()})
 	require.NoError(t, err)
@@ -145,7 +57,7 @@ func TestTracingSpanTree(t *testing.T) {
 
 	var spans []*tracepb.Span
 	require.Eventually(t, func() bool {
-		spans = recv.of(traceID)
+		spans = recv.Of(traceID)
 		servers := 0
 		for _, s := range spans {
 			if s.GetKind() == tracepb.Span_SPAN_KIND_SERVER {
@@ -155,7 +67,7 @@ func TestTracingSpanTree(t *testing.T) {
 		return servers == 2
 	}, 10*time.Second, 20*time.Millisecond, "two server spans of the trace")
 	time.Sleep(200 * time.Millisecond) // a child ends before its parent: all are in
-	spans = recv.of(traceID)
+	spans = recv.Of(traceID)
 
 	byID := map[string]*tracepb.Span{}
 	for _, s := range spans {
@@ -186,10 +98,10 @@ func TestTracingSpanTree(t *testing.T) {
 	assert.NotEmpty(t, children["lockbroker.v1.LockService/Release"], "the release's Consul calls")
 
 	// The Go library's Acquire stream: a server span under the caller's.
-	require.Eventually(t, func() bool { return len(recv.of(goTrace)) > 0 }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return len(recv.Of(goTrace)) > 0 }, 10*time.Second, 20*time.Millisecond,
 		"the Go library's Acquire carries the caller's trace")
 	var acquire *tracepb.Span
-	for _, s := range recv.of(goTrace) {
+	for _, s := range recv.Of(goTrace) {
 		if s.GetName() == "lockbroker.v1.LockService/Acquire" {
 			acquire = s
 		}
@@ -197,10 +109,8 @@ func TestTracingSpanTree(t *testing.T) {
 	require.NotNil(t, acquire, "a server span for the Go library's Acquire")
 	assert.Equal(t, goParent, acquire.GetParentSpanId())
 
-	recv.mu.Lock()
-	assert.True(t, recv.services["lockbroker-trace-test"], "OTEL_SERVICE_NAME names the service")
-	recv.mu.Unlock()
-	for _, s := range recv.all() {
+	assert.True(t, recv.Service("lockbroker-trace-test"), "OTEL_SERVICE_NAME names the service")
+	for _, s := range recv.All() {
 		assert.NotContains(t, s.GetName(), "grpc.health.v1", "health checks make no spans")
 	}
 }
@@ -211,7 +121,7 @@ func TestTracingSpanTree(t *testing.T) {
 // carries the caller's span context, which the propagator sends).
 func goLibraryLease(t *testing.T, addr string) (traceID, spanID []byte) {
 	t.Helper()
-	_, traceID, spanID = traceparent(t)
+	_, traceID, spanID = otlptest.Traceparent(t)
 	sc := trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: trace.TraceID(traceID), SpanID: trace.SpanID(spanID), TraceFlags: trace.FlagsSampled})
 	ctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(context.Background(), sc), 30*time.Second)
