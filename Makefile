@@ -129,8 +129,17 @@ bench-profile: consul
 # API's Go types and checked against the broker's and lockctl's flags
 # (deploy/validate, a module of its own so that the broker's module does
 # not depend on Kubernetes).
-test-deploy:
+test-deploy: bin/promtool
 	cd deploy/validate && $(GO) vet ./... && $(GO) test -count=1 ./...
+	bin/promtool check rules deploy/prometheus/lockbroker-alerts.yaml
+	cd deploy/prometheus && ../../bin/promtool test rules lockbroker-alerts_test.yaml
+
+# Prometheus's promtool, pinned in tools/promtool and built once into bin/
+# (like Consul): without service discovery (-tags remove_all_sd), which the
+# rule tests do not use and which is most of the build.
+bin/promtool: tools/promtool/go.mod tools/promtool/go.sum
+	cd tools/promtool && $(GO) build -tags remove_all_sd -o ../../bin/promtool github.com/prometheus/prometheus/cmd/promtool
+	@touch bin/promtool
 
 ## Running it -------------------------------------------------------------
 
