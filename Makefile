@@ -11,7 +11,7 @@ PYTHON := /usr/bin/python3
 DEB_PACKAGES := protobuf-compiler protobuf-compiler-grpc python3-grpcio python3-protobuf python3-pytest python3-venv
 
 .PHONY: all run test test-go test-install test-race test-clients test-java test-conformance-go test-python test-node lint generate check-generate breaking \
-	consul broker lockctl deps deps-npm deps-deb deps-node bench chaos clean
+	consul broker lockctl test-deploy deps deps-npm deps-deb deps-node bench chaos clean
 
 all: broker lockctl
 
@@ -88,7 +88,7 @@ lint: deps-npm
 
 ## Tests ------------------------------------------------------------------
 
-test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-clients test-java test-conformance-go test-install chaos-short
+test: consul deps check-generate breaking lint broker lockctl test-go test-race test-python test-node test-clients test-java test-conformance-go test-install test-deploy chaos-short
 
 # Every Go test but test/install, which test-install runs.
 test-go: consul
@@ -116,11 +116,12 @@ test-clients: consul broker deps-deb client/node/node_modules/.package-lock.json
 	LOCKBROKER_BIN=$(CURDIR)/bin/broker $(PYTHON) -m pytest -q client/python/tests test/conformance/python
 	LOCKBROKER_BIN=$(CURDIR)/bin/broker node --test client/node/test/ test/conformance/node/
 
-# Conformance S5 with every language at once (Go, Python, Node, Java):
-# needs client/node's packages and the Java CLI's build.
+# Conformance S5 with every language at once (Go, Python, Node, Java),
+# and each library's W3C trace context reaching the broker's spans: needs
+# client/node's packages and the Java CLI's build.
 test-conformance-go: consul deps-deb client/node/node_modules/.package-lock.json
 	$(MAKE) -C client/java build test-compile examples
-	LOCKBROKER_S5_REQUIRE=all $(GO) test -count=1 -v -run 'TestS5CrossLanguage' ./test/conformance/go/
+	LOCKBROKER_S5_REQUIRE=all $(GO) test -count=1 -v -run 'TestS5CrossLanguage|TestTraceContextCrossLanguage' ./test/conformance/go/
 
 # The Java client (client/java: Debian's OpenJDK and jars, installed on
 # first use).
@@ -143,6 +144,22 @@ bench: consul
 bench-profile: consul
 	$(GO) test -count=1 -run '^$$' -bench 'Cycle/broker' -benchtime 3000x -cpuprofile bin/cpu.out -o bin/bench.test ./test/bench/
 	$(GO) tool pprof -top -nodecount=40 bin/bench.test bin/cpu.out
+
+# deploy/: the Kubernetes manifests decoded strictly into the Kubernetes
+# API's Go types and checked against the broker's and lockctl's flags
+# (deploy/validate, a module of its own so that the broker's module does
+# not depend on Kubernetes).
+test-deploy: bin/promtool
+	cd deploy/validate && $(GO) vet ./... && $(GO) test -count=1 ./...
+	bin/promtool check rules deploy/prometheus/lockbroker-alerts.yaml
+	cd deploy/prometheus && ../../bin/promtool test rules lockbroker-alerts_test.yaml
+
+# Prometheus's promtool, pinned in tools/promtool and built once into bin/
+# (like Consul): without service discovery (-tags remove_all_sd), which the
+# rule tests do not use and which is most of the build.
+bin/promtool: tools/promtool/go.mod tools/promtool/go.sum
+	cd tools/promtool && $(GO) build -tags remove_all_sd -o ../../bin/promtool github.com/prometheus/prometheus/cmd/promtool
+	@touch bin/promtool
 
 ## Running it -------------------------------------------------------------
 

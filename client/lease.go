@@ -74,7 +74,10 @@ func (c *Client) acquire(ctx context.Context, key string, opts []LockOption) (*L
 // UNAVAILABLE, so that acquire moves on: a stopped replica keeps its
 // connection and never answers.
 func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireRequest) (*Lease, error) {
-	sctx, cancel := context.WithCancel(context.Background())
+	// The stream outlives ctx, but keeps its values: the caller's trace
+	// context (W3C traceparent through an OpenTelemetry stats handler on
+	// the connection) and outgoing metadata reach the broker.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel) // ctx bounds only the wait
 	stream, err := c.locks[i].Acquire(sctx, req)
 	if err != nil {

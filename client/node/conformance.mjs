@@ -115,7 +115,10 @@ async function main() {
     return 2;
   }
   const [first, ...rest] = values.target;
-  const client = new Client(first, { targets: rest, token: values.token });
+  // LOCKBROKER_TRACEPARENT: the caller's W3C trace context for every call
+  // (the trace test, test/conformance/go).
+  const tp = process.env.LOCKBROKER_TRACEPARENT;
+  const client = new Client(first, { targets: rest, token: values.token, traceContext: tp ? () => ({ traceparent: tp }) : undefined });
   try {
     return cmd === "hold" ? await hold(client, values) : await watch(client, values);
   } finally {

@@ -190,6 +190,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	tr, err := newTracing(ctx, log) // OTEL_* variables; off by default
+	if err != nil {
+		return err
+	}
+	defer tr.shutdown(log)
+	c.consul.Tracer = tr.tracer()
+
 	consulCfg := api.DefaultConfig() // reads CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, ...
 	var agentDone <-chan error
 	if c.dev {
@@ -224,7 +231,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	b := broker.New(store, log, append([]broker.Option{broker.WithMaxBlocking(c.consul.MaxBlocking), broker.WithSessionPool(),
 		broker.WithPromiseBound(promiseBound(c.keepaliveTime, c.keepaliveTimeout))},
 		sec.brokerOptions()...)...)
-	srv, err := server.New(b, store, log, append(sec.serverOptions(), server.WithKeepalive(c.keepaliveTime, c.keepaliveTimeout))...)
+	srv, err := server.New(b, store, log, append(append(sec.serverOptions(), tr.serverOptions()...), server.WithKeepalive(c.keepaliveTime, c.keepaliveTimeout))...)
 	if err != nil {
 		return err
 	}

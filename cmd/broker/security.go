@@ -45,7 +45,7 @@ func newSecurity(c config, consulCfg *api.Config, log *zap.Logger) (*security, e
 		s.tenants = cfg
 		s.stores = &tenantStores{base: *consulCfg, opts: consulstore.Options{
 			MaxConns: c.tenantConsulMaxConns, MaxBlocking: 1, CallTimeout: c.consul.CallTimeout,
-			MaxTxnInFlight: c.consul.MaxTxnInFlight,
+			MaxTxnInFlight: c.consul.MaxTxnInFlight, Tracer: c.consul.Tracer,
 		}}
 		if err := s.stores.update(cfg); err != nil {
 			return nil, fmt.Errorf("--tenants: %w", err)

@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockbroker/lockbroker/internal/broker"
 )
@@ -28,14 +31,20 @@ type call struct {
 	cancel context.CancelFunc
 	rec    record
 	stale  bool // a "not found" a consistent read contradicted (renewNotFound)
+	start  time.Time
+	span   trace.Span // nil unless traced (Options.Tracer)
 }
 
 // begin starts a call of kind op bounded by timeout, unless ctx ends
 // first anyway.
 func (s *Store) begin(ctx context.Context, op opKind, timeout time.Duration) *call {
-	c := &call{s: s, op: op, parent: ctx, cancel: noCancel}
+	c := &call{s: s, op: op, parent: ctx, cancel: noCancel, start: time.Now()}
 	if d, ok := ctx.Deadline(); !ok || time.Until(d) > timeout {
 		ctx, c.cancel = context.WithTimeout(ctx, timeout)
+	}
+	if s.opts.Tracer != nil && trace.SpanContextFromContext(ctx).IsSampled() {
+		ctx, c.span = s.opts.Tracer.Start(ctx, "consul "+opNames[op].consul, trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("lockbroker.consul.op", opNames[op].metric)))
 	}
 	c.ctx = context.WithValue(ctx, recordKey{}, &c.rec)
 	return c
@@ -58,6 +67,14 @@ func (c *call) end(err error) error {
 		r = resStaleNotFound
 	}
 	c.s.counts.add(c.op, r)
+	c.s.latency.observe(c.op, time.Since(c.start))
+	if c.span != nil {
+		c.span.SetAttributes(attribute.String("lockbroker.consul.result", resultNames[r]))
+		if r != resOK {
+			c.span.SetStatus(otelcodes.Error, resultNames[r])
+		}
+		c.span.End()
+	}
 	return err
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -138,6 +139,35 @@ func (s *Store) OpCounts() map[string]uint64 {
 	return out
 }
 
+// latencies are the Consul calls' durations per kind, whatever their
+// outcome; kv_watch is left out, since a blocking query's length is the
+// wait Consul was asked for, not a latency.
+type latencies struct {
+	vec *prometheus.HistogramVec
+	by  [numOps]prometheus.Observer // nil for kv_watch
+}
+
+func newLatencies() latencies {
+	l := latencies{vec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "lockbroker_consul_request_duration_seconds",
+		Help: "Consul HTTP API calls made by the broker, by operation, from the call to its answer or failure (retries are calls of their own; kv_watch, a blocking query, is left out). " +
+			"op=\"session_renew\" is the latency of session renewals.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"op"})}
+	for op := range numOps {
+		if op != opKVWatch {
+			l.by[op] = l.vec.WithLabelValues(opNames[op].metric)
+		}
+	}
+	return l
+}
+
+func (l *latencies) observe(op opKind, d time.Duration) {
+	if o := l.by[op]; o != nil {
+		o.Observe(d.Seconds())
+	}
+}
+
 var (
 	requestsDesc = prometheus.NewDesc("lockbroker_consul_requests_total",
 		"Consul HTTP API calls made by the broker, by operation and result "+
@@ -156,7 +186,8 @@ var (
 // lockbroker_consul_requests_total{op,result},
 // lockbroker_consul_blocking_queries_queued and the group commit's
 // lockbroker_consul_txn_batches_total and
-// lockbroker_consul_txn_batched_total. Register it once per Store.
+// lockbroker_consul_txn_batched_total, and
+// lockbroker_consul_request_duration_seconds{op}. Register it once per Store.
 // (The number of blocking queries in flight is OpenBlockingQueries; the
 // server exports it as lockbroker_consul_blocking_queries.)
 func (s *Store) Collector() prometheus.Collector { return collector{s} }
@@ -168,6 +199,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- queuedDesc
 	ch <- batchesDesc
 	ch <- batchedDesc
+	c.s.latency.vec.Describe(ch)
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
@@ -184,6 +216,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	batches, batched := c.s.TxnBatches()
 	ch <- prometheus.MustNewConstMetric(batchesDesc, prometheus.CounterValue, float64(batches))
 	ch <- prometheus.MustNewConstMetric(batchedDesc, prometheus.CounterValue, float64(batched))
+	c.s.latency.vec.Collect(ch)
 }
 
 // TxnBatches returns how many batches of several write transactions the

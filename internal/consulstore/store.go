@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockbroker/lockbroker/internal/broker"
 )
@@ -94,6 +95,12 @@ type Options struct {
 	// batch.go); default DefaultMaxTxnInFlight (4). Each caller still gets
 	// its own transaction's answer. Negative is an error.
 	MaxTxnInFlight int
+	// Tracer, when set, gives each call made in a sampled trace (the
+	// context of an RPC the server traces) a client span of its own,
+	// "consul <operation>", child of the caller's. Calls outside a trace
+	// (renewals, the session pool, a group commit's batch) make none.
+	// Default nil: no spans.
+	Tracer trace.Tracer
 }
 
 // withDefaults returns o with zero fields set to their defaults, or an
@@ -156,6 +163,7 @@ type Store struct {
 	blocking atomic.Int64  // blocking queries in flight
 	queued   atomic.Int64  // Watch calls waiting for a slot
 	counts   counters
+	latency  latencies
 }
 
 // Open returns a Store for the agent cfg names. It builds two clients from
@@ -195,7 +203,7 @@ func Open(cfg *api.Config, opts Options) (*Store, error) {
 }
 
 func newStore(c, blockingC *api.Client, opts Options) *Store {
-	return &Store{opts: opts, c: c, blockingC: blockingC, slots: make(chan struct{}, opts.MaxBlocking)}
+	return &Store{opts: opts, c: c, blockingC: blockingC, slots: make(chan struct{}, opts.MaxBlocking), latency: newLatencies()}
 }
 
 // Close releases the Store's idle connections. Call it once no call is in

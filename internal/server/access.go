@@ -71,7 +71,9 @@ type call struct {
 	hasNamed bool
 	// release gives back what admission took.
 	release func()
-	// track follows an Acquire stream's events for the per-tenant gauges.
+	// track follows an Acquire stream's events for the replica's and the
+	// tenant's gauges (set by streams.intercept, joined to the tenant by
+	// admitRequest).
 	track *holdTracker
 	// foreign reports whether the broker refused the call a session of
 	// another tenant (or of none): nil for a call of no tenant.
@@ -202,12 +204,12 @@ func (a *access) admitRequest(ctx context.Context, c *call) error {
 			return err
 		}
 		c.release = release
-		if c.method == methodAcquire {
+		if c.method == methodAcquire && c.track != nil {
 			var granted func()
 			if kind == holdClientStream {
 				granted = release
 			}
-			c.track = a.quotas.tracker(t, granted)
+			c.track.join(a.quotas.of(t), granted)
 		}
 	case methodSetValue:
 		if err := a.quotas.takeWrite(t); err != nil {

@@ -269,13 +269,12 @@ func (q *quotas) denied(t *tenant.Tenant) {
 	q.of(t).denials.Add(1)
 }
 
-// tracker follows one Acquire stream of t: a waiter until `acquired`, a
-// hold until `lost`, `released` or the end of the stream. granted, if
-// set, runs at `acquired`.
-func (q *quotas) tracker(t *tenant.Tenant, granted func()) *holdTracker {
-	u := q.of(t)
-	u.waiting.Add(1)
-	return &holdTracker{u: u, state: trackWaiting, granted: granted}
+// newHoldTracker follows one Acquire stream: a waiter until `acquired`, a
+// hold until `lost`, `released` or the end of the stream, in the replica's
+// metrics m and, once join has been called, in a tenant's usage too.
+func newHoldTracker(m *holdMetrics) *holdTracker {
+	m.waiting.Add(1)
+	return &holdTracker{m: m, start: time.Now(), state: trackWaiting}
 }
 
 const (
@@ -285,25 +284,56 @@ const (
 )
 
 type holdTracker struct {
-	u       *usage
-	granted func()
+	m       *holdMetrics
+	start   time.Time
 	mu      sync.Mutex
+	u       *usage // nil: no tenant (yet)
+	granted func() // set by join: runs at `acquired`
 	state   int
+	queued  bool // told `queued` before `acquired`: a wait, not a grant
+}
+
+// join counts the stream in the tenant usage u as well; granted, if set,
+// runs at `acquired`.
+func (h *holdTracker) join(u *usage, granted func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch h.state {
+	case trackWaiting:
+		u.waiting.Add(1)
+	case trackHolding:
+		u.holding.Add(1)
+	}
+	h.u, h.granted = u, granted
 }
 
 func (h *holdTracker) event(r *lockbrokerv1.AcquireResponse) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
+	case r.GetQueued() != nil:
+		h.queued = true
 	case r.GetAcquired() != nil && h.state == trackWaiting:
-		h.u.waiting.Add(-1)
-		h.u.holding.Add(1)
-		h.u.acquires.Add(1)
+		h.m.waiting.Add(-1)
+		h.m.holding.Add(1)
+		latency := h.m.grant
+		if h.queued {
+			latency = h.m.wait
+		}
+		latency.Observe(time.Since(h.start).Seconds())
+		if h.u != nil {
+			h.u.waiting.Add(-1)
+			h.u.holding.Add(1)
+			h.u.acquires.Add(1)
+		}
 		h.state = trackHolding
 		if h.granted != nil {
 			h.granted()
 		}
-	case (r.GetLost() != nil || r.GetReleased() != nil) && h.state != trackDone:
+	case r.GetLost() != nil && h.state != trackDone:
+		h.m.lost(r.GetLost().GetReason())
+		h.leave()
+	case r.GetReleased() != nil && h.state != trackDone:
 		h.leave()
 	}
 }
@@ -317,9 +347,15 @@ func (h *holdTracker) end() {
 func (h *holdTracker) leave() {
 	switch h.state {
 	case trackWaiting:
-		h.u.waiting.Add(-1)
+		h.m.waiting.Add(-1)
+		if h.u != nil {
+			h.u.waiting.Add(-1)
+		}
 	case trackHolding:
-		h.u.holding.Add(-1)
+		h.m.holding.Add(-1)
+		if h.u != nil {
+			h.u.holding.Add(-1)
+		}
 	}
 	h.state = trackDone
 }

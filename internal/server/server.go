@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	noopmetric "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -22,6 +27,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
@@ -92,6 +98,7 @@ type options struct {
 	tenants                         *tenant.Config
 	creds                           credentials.TransportCredentials
 	workers                         uint32
+	tracing                         stats.Handler
 }
 
 // WithStreamWorkers sets how many stream workers run calls (0: none, every
@@ -108,6 +115,23 @@ func WithStreamWorkers(n uint32) Option {
 // replaces the file later.
 func WithTenants(cfg *tenant.Config) Option {
 	return func(o *options) { o.tenants = cfg }
+}
+
+// WithTracing gives every RPC but health checks a server span from tp,
+// child of the trace context the client sent (W3C traceparent, read by
+// prop), so that the Consul calls made for it (consulstore's
+// Options.Tracer) nest under it. Default: no tracing, and no cost.
+func WithTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator) Option {
+	return func(o *options) {
+		o.tracing = otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(tp),
+			otelgrpc.WithPropagators(prop),
+			otelgrpc.WithMeterProvider(noopmetric.NewMeterProvider()), // Prometheus has the metrics
+			otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool {
+				return !strings.HasPrefix(info.FullMethodName, "/grpc.health.v1.Health/")
+			}),
+		)
+	}
 }
 
 // WithTransportCredentials serves gRPC over creds (TLS, mTLS) instead of
@@ -147,7 +171,15 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "lockbroker_replica_cut_off_total",
 		Help: "Requests and streams this replica ended UNAVAILABLE with REPLICA_CUT_OFF: cut off from its Consul agent, it sent them to another replica.",
-	}, func() float64 { return float64(b.CutOffAnswers()) }))
+	}, func() float64 { return float64(b.CutOffAnswers()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "lockbroker_replica_cut_off",
+		Help: "1 while this replica counts as cut off from its Consul agent (no answer for 3 s), sending requests and streams to other replicas; 0 otherwise.",
+	}, func() float64 {
+		if b.Admit() != nil {
+			return 1
+		}
+		return 0
+	}))
 	recovered := func(p any) error {
 		log.Error("panic in handler", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
 		return status.Error(codes.Internal, "internal error")
@@ -169,6 +201,8 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 	}, func(err error) error { return toStatus(log, b.Placed(err)) })
 	acc.cfg.Store(o.tenants)
 	reg.MustRegister(newTenantCollector(acc))
+	holds := newHoldMetrics()
+	reg.MustRegister(holds.collectors()...)
 	serverOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(val.codec),
 		grpc.NumStreamWorkers(o.workers),
@@ -182,10 +216,13 @@ func New(b *broker.Broker, consul Consul, log *zap.Logger, opts ...Option) (*Ser
 			gate.unary,
 		),
 		// The same six for streams, in one frame (see streams).
-		grpc.StreamInterceptor((&streams{metrics: srvMetrics, log: accessLog, recovered: recovered, access: acc, val: val, gate: gate}).intercept),
+		grpc.StreamInterceptor((&streams{metrics: srvMetrics, log: accessLog, recovered: recovered, access: acc, val: val, gate: gate, holds: holds}).intercept),
 	}
 	if o.creds != nil {
 		serverOpts = append(serverOpts, grpc.Creds(o.creds))
+	}
+	if o.tracing != nil {
+		serverOpts = append(serverOpts, grpc.StatsHandler(o.tracing))
 	}
 	g := grpc.NewServer(serverOpts...)
 	lockbrokerv1.RegisterLockServiceServer(g, NewLockService(b, log))

@@ -29,6 +29,7 @@ type streams struct {
 	access    *access
 	val       *validation
 	gate      cutOffGate
+	holds     *holdMetrics
 }
 
 func (s *streams) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
@@ -39,6 +40,9 @@ func (s *streams) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	defer cs.finish(info.FullMethod, &err)
 	if !exempt(info.FullMethod) {
 		cs.call = newCall(cs.ctx, info.FullMethod)
+		if info.FullMethod == methodAcquire {
+			cs.call.track = newHoldTracker(s.holds)
+		}
 		if cs.ctx, err = s.access.admitCall(cs.ctx, cs.call); err != nil {
 			return err
 		}

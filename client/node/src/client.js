@@ -155,12 +155,38 @@ function streamError(item) {
   return fromError(item);
 }
 
+const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
+
+/**
+ * The W3C trace context headers to send with a call: `traceparent` (and
+ * `tracestate`) from the object traceContext() returns, e.g. a carrier
+ * filled by OpenTelemetry's propagation.inject. Undefined when there is
+ * no function, no valid traceparent, or the function throws: the caller's
+ * tracing never fails a lock call.
+ */
+function traceHeaders(traceContext) {
+  if (!traceContext) return undefined;
+  let carrier;
+  try {
+    carrier = traceContext() ?? {};
+  } catch {
+    return undefined;
+  }
+  const tp = carrier.traceparent;
+  if (typeof tp !== "string" || !TRACEPARENT.test(tp)) return undefined;
+  const out = { traceparent: tp };
+  const ts = carrier.tracestate;
+  if (typeof ts === "string" && ts !== "" && ts.length <= 512) out.tracestate = ts;
+  return out;
+}
+
 /** A lockbroker client. See index.d.ts for the options. */
 export class Client {
-  constructor(target = "127.0.0.1:8700", { targets = [], tls, token, timeoutMs = 10_000 } = {}) {
+  constructor(target = "127.0.0.1:8700", { targets = [], tls, token, timeoutMs = 10_000, traceContext } = {}) {
     this.targets = targetsList(target, targets);
     this.timeoutMs = timeoutMs;
     this.headers = token ? { authorization: `Bearer ${token}` } : undefined;
+    this._traceContext = traceContext;
     const scheme = tls ? "https" : "http";
     const nodeOptions = tlsOptions(tls);
     // HTTP/2 keepalive: a connection whose peer stops answering pings (a
@@ -185,7 +211,8 @@ export class Client {
   }
 
   _callOptions(extra = {}) {
-    return { headers: this.headers, ...extra };
+    const trace = traceHeaders(this._traceContext);
+    return { headers: trace ? { ...this.headers, ...trace } : this.headers, ...extra };
   }
 
   async _unary(service, method, request, { timeoutMs, signal } = {}) {

@@ -68,6 +68,13 @@ export interface ClientOptions {
   token?: string;
   /** Bound of every unary call (ms). Default 10000. */
   timeoutMs?: number;
+  /**
+   * Called for each call; returns the W3C `traceparent` (and `tracestate`)
+   * to send, e.g. a carrier filled by OpenTelemetry's
+   * `propagation.inject(context.active(), carrier)`. The broker's span for
+   * the call is then its child. Nothing is sent without a valid traceparent.
+   */
+  traceContext?: () => { traceparent?: string; tracestate?: string } | undefined;
 }
 
 export interface SessionOptions {

@@ -1,6 +1,7 @@
 """What the blocking and the asyncio clients share: request building,
 channel options, event decoding and the lease's timing rules."""
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
@@ -229,6 +230,30 @@ def channel_setup(tls) -> Tuple[Optional[grpc.ChannelCredentials], Sequence[Tupl
 
 def auth_metadata(token):
     return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def trace_metadata(trace_context):
+    """The W3C trace context headers to send with a call: `traceparent`
+    (and `tracestate`) from the mapping trace_context() returns, e.g. a
+    carrier filled by opentelemetry.propagate.inject. Nothing when
+    trace_context is None, returns no valid traceparent, or raises."""
+    if trace_context is None:
+        return ()
+    try:
+        carrier = trace_context() or {}
+        tp = carrier.get("traceparent")
+        ts = carrier.get("tracestate")
+    except Exception:  # the caller's tracing must never fail a lock call
+        return ()
+    if not isinstance(tp, str) or not _TRACEPARENT.match(tp):
+        return ()
+    out = (("traceparent", tp),)
+    if isinstance(ts, str) and ts and len(ts) <= 512:
+        out += (("tracestate", ts),)
+    return out
 
 
 def targets_list(target, targets):

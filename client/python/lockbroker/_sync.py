@@ -69,13 +69,17 @@ class Client:
     when theirs goes away. `tls` is None (plaintext), True (system roots), a
     lockbroker.TLS or grpc.ChannelCredentials; `token` is sent as a bearer
     token on every call. `timeout` bounds every unary call (seconds).
+    `trace_context`, if given, is called on the calling thread for each
+    call and returns a mapping with the W3C `traceparent` (and
+    `tracestate`) to send, e.g. a dict filled by OpenTelemetry's
+    `propagate.inject`; the broker's span for the call is then its child.
 
     The client is thread-safe. Close it (or use it as a context manager)
     to release its leases and close its connections.
     """
 
     def __init__(self, target: str = "127.0.0.1:8700", *, targets=(), tls=None, token: Optional[str] = None,
-                 timeout: float = 10.0, channel_options=()):
+                 timeout: float = 10.0, channel_options=(), trace_context=None):
         self.targets = _core.targets_list(target, targets)
         creds, opts = _core.channel_setup(tls)
         opts = list(opts) + list(channel_options)
@@ -84,6 +88,7 @@ class Client:
         self._locks = [lock_pb2_grpc.LockServiceStub(c) for c in self._channels]
         self._sessions = [session_pb2_grpc.SessionServiceStub(c) for c in self._channels]
         self._metadata = _core.auth_metadata(token)
+        self._trace_context = trace_context
         self.timeout = timeout
         self._mu = threading.Lock()
         self._preferred = 0
@@ -91,6 +96,10 @@ class Client:
         self._closed = False
 
     # -- plumbing -------------------------------------------------------
+
+    def _md(self):
+        """The call's metadata: the token, and the caller's trace context."""
+        return self._metadata + _core.trace_metadata(self._trace_context)
 
     def _order(self) -> List[int]:
         with self._mu:
@@ -109,7 +118,7 @@ class Client:
         for i in self._order():
             try:
                 resp = getattr(stubs[i], method)(request, timeout=timeout or self.timeout,
-                                                 metadata=self._metadata)
+                                                 metadata=self._md())
             except grpc.RpcError as e:
                 last = errors.from_rpc_error(e)
                 if _core.failover_ok(last):
@@ -176,7 +185,7 @@ class Client:
         local_end = None if wait is None else _core.now() + wait + 10.0
         last = None
         for i in self._order():
-            call = self._locks[i].Acquire(req, metadata=self._metadata)
+            call = self._locks[i].Acquire(req, metadata=self._md())
             reader = _Reader(call)
             try:
                 lease = self._await_grant(i, req, call, reader, local_end)
@@ -375,7 +384,7 @@ class Watch:
         with self._mu:
             if self._closed or self._client._closed:
                 return None
-            self._call = self._client._locks[i].Watch(self._req, metadata=self._client._metadata)
+            self._call = self._client._locks[i].Watch(self._req, metadata=self._client._md())
             return self._call
 
     def _run(self):
@@ -665,7 +674,7 @@ class Lease:
                 return None
             attempt += 1
             i = (start + attempt) % n
-            call = client._locks[i].Acquire(req, metadata=client._metadata)
+            call = client._locks[i].Acquire(req, metadata=client._md())
             reader = _Reader(call)
             bound = _core.now() + min(remaining, _core.RESUME_ATTEMPT)
             result = self._await_resume(reader, bound)

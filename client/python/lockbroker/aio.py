@@ -87,7 +87,7 @@ class Client:
     """An asyncio lockbroker client; arguments as for lockbroker.Client."""
 
     def __init__(self, target: str = "127.0.0.1:8700", *, targets=(), tls=None, token: Optional[str] = None,
-                 timeout: float = 10.0, channel_options=()):
+                 timeout: float = 10.0, channel_options=(), trace_context=None):
         self.targets = _core.targets_list(target, targets)
         self._creds, opts = _core.channel_setup(tls)
         self._opts = list(opts) + list(channel_options)
@@ -95,10 +95,15 @@ class Client:
         self._locks = [None] * len(self.targets)
         self._sessions = [None] * len(self.targets)
         self._metadata = _core.auth_metadata(token)
+        self._trace_context = trace_context
         self.timeout = timeout
         self._preferred = 0
         self._leases = weakref.WeakSet()
         self._closed = False
+
+    def _md(self):
+        """The call's metadata: the token, and the caller's trace context."""
+        return self._metadata + _core.trace_metadata(self._trace_context)
 
     def _stub(self, service, i):
         if self._channels[i] is None:
@@ -119,7 +124,7 @@ class Client:
         for i in self._order():
             try:
                 resp = await getattr(self._stub(service, i), method)(
-                    request, timeout=timeout or self.timeout, metadata=self._metadata)
+                    request, timeout=timeout or self.timeout, metadata=self._md())
             except grpc.RpcError as e:
                 last = errors.from_rpc_error(e)
                 if _core.failover_ok(last):
@@ -168,7 +173,7 @@ class Client:
         local_end = None if wait is None else _core.now() + wait + 10.0
         last = None
         for i in self._order():
-            call = self._stub("lock", i).Acquire(req, metadata=self._metadata)
+            call = self._stub("lock", i).Acquire(req, metadata=self._md())
             reader = _Reader(call)
             try:
                 lease = await self._await_grant(i, req, call, reader, local_end)
@@ -347,7 +352,7 @@ class Watch:
             for i in client._order():
                 if self._closed:
                     return
-                call = self._call = client._stub("lock", i).Watch(self._req, metadata=client._metadata)
+                call = self._call = client._stub("lock", i).Watch(self._req, metadata=client._md())
                 try:
                     while True:
                         resp = await call.read()
@@ -565,7 +570,7 @@ class Lease:
                 return None
             attempt += 1
             i = (start + attempt) % n
-            call = client._stub("lock", i).Acquire(req, metadata=client._metadata)
+            call = client._stub("lock", i).Acquire(req, metadata=client._md())
             reader = _Reader(call)
             result = await self._await_resume(reader, _core.now() + min(remaining, _core.RESUME_ATTEMPT))
             if isinstance(result, float):

@@ -120,7 +120,11 @@ def main(argv=None):
         else:
             p.add_argument("--prefix", action="store_true")
     args = ap.parse_args(argv)
-    client = Client(args.target[0], targets=args.target[1:], token=args.token)
+    # LOCKBROKER_TRACEPARENT: the caller's W3C trace context for every call
+    # (the trace test, test/conformance/go).
+    tp = os.environ.get("LOCKBROKER_TRACEPARENT")
+    client = Client(args.target[0], targets=args.target[1:], token=args.token,
+                    trace_context=(lambda: {"traceparent": tp}) if tp else None)
     try:
         return _hold(client, args) if args.cmd == "hold" else _watch(client, args)
     finally:

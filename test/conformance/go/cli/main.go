@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/lockbroker/lockbroker/client"
 )
@@ -125,6 +126,11 @@ func hold(c *client.Client, key string, d time.Duration, opts []client.LockOptio
 	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	if tp := os.Getenv("LOCKBROKER_TRACEPARENT"); tp != "" {
+		// The caller's W3C trace context (the trace test): an
+		// OpenTelemetry client handler would put it there the same way.
+		ctx = metadata.AppendToOutgoingContext(ctx, "traceparent", tp)
+	}
 	go func() { // SIGTERM while waiting withdraws the request
 		select {
 		case <-sigs:

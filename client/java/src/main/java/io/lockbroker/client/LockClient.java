@@ -33,6 +33,7 @@ import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.Objects;
 import java.util.Optional;
 import java.util.Set;
@@ -51,6 +52,8 @@ import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.Consumer;
 import java.util.function.Function;
+import java.util.function.Supplier;
+import java.util.regex.Pattern;
 
 /**
  * The Java client of lockbroker: distributed locks, semaphore slots and
@@ -124,6 +127,9 @@ public final class LockClient implements AutoCloseable {
       if (b.token != null) {
         cb.intercept(new BearerToken(b.token));
       }
+      if (b.traceContext != null) {
+        cb.intercept(new TraceContext(b.traceContext));
+      }
       if (b.configurer != null) {
         b.configurer.accept(cb);
       }
@@ -148,6 +154,51 @@ public final class LockClient implements AutoCloseable {
         @Override
         public void start(Listener<R> listener, Metadata h) {
           h.merge(headers);
+          super.start(listener, h);
+        }
+      };
+    }
+  }
+
+  private static final Metadata.Key<String> TRACEPARENT =
+      Metadata.Key.of("traceparent", Metadata.ASCII_STRING_MARSHALLER);
+  private static final Metadata.Key<String> TRACESTATE =
+      Metadata.Key.of("tracestate", Metadata.ASCII_STRING_MARSHALLER);
+  private static final Pattern TRACEPARENT_FORMAT =
+      Pattern.compile("[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}");
+
+  /**
+   * Adds the caller's W3C trace context ({@code traceparent}, and
+   * {@code tracestate}) to every call's headers, from the source the
+   * builder was given, asked on the thread that starts the call. Nothing is
+   * added without a valid traceparent, nor when the source throws: the
+   * caller's tracing never fails a lock call.
+   */
+  private static final class TraceContext implements ClientInterceptor {
+    private final Supplier<Map<String, String>> source;
+
+    TraceContext(Supplier<Map<String, String>> source) {
+      this.source = source;
+    }
+
+    @Override
+    public <Q, R> ClientCall<Q, R> interceptCall(MethodDescriptor<Q, R> method, CallOptions options, Channel next) {
+      return new ForwardingClientCall.SimpleForwardingClientCall<Q, R>(next.newCall(method, options)) {
+        @Override
+        public void start(Listener<R> listener, Metadata h) {
+          try {
+            Map<String, String> carrier = source.get();
+            String tp = carrier == null ? null : carrier.get("traceparent");
+            if (tp != null && TRACEPARENT_FORMAT.matcher(tp).matches()) {
+              h.put(TRACEPARENT, tp);
+              String ts = carrier.get("tracestate");
+              if (ts != null && !ts.isEmpty() && ts.length() <= 512) {
+                h.put(TRACESTATE, ts);
+              }
+            }
+          } catch (RuntimeException e) {
+            // the caller's tracing: leave the call as it is
+          }
           super.start(listener, h);
         }
       };
@@ -204,6 +255,7 @@ public final class LockClient implements AutoCloseable {
     private Path clientCert;
     private Path clientKey;
     private String token;
+    private Supplier<Map<String, String>> traceContext;
 
     private Builder() {}
 
@@ -285,6 +337,19 @@ public final class LockClient implements AutoCloseable {
      */
     public Builder token(String token) {
       this.token = token == null || token.isEmpty() ? null : token;
+      return this;
+    }
+
+    /**
+     * Sends the caller's W3C trace context with every call: source is asked,
+     * on the thread that starts the call, for a map with {@code traceparent}
+     * (and {@code tracestate}), e.g. one filled by OpenTelemetry's
+     * {@code W3CTraceContextPropagator.inject}. The broker's span for the
+     * call is then its child. Debian's grpc-java 1.41 has no OpenTelemetry
+     * integration; this needs none.
+     */
+    public Builder traceContext(Supplier<Map<String, String>> source) {
+      this.traceContext = source;
       return this;
     }
 

@@ -73,7 +73,14 @@ public final class Main {
       System.err.println("--target and --key are required");
       return 2;
     }
-    try (LockClient client = LockClient.builder().targets(targets).build()) {
+    // LOCKBROKER_TRACEPARENT: the caller's W3C trace context for every call
+    // (the trace test, test/conformance/go).
+    String tp = System.getenv("LOCKBROKER_TRACEPARENT");
+    LockClient.Builder builder = LockClient.builder().targets(targets);
+    if (tp != null && !tp.isEmpty()) {
+      builder.traceContext(() -> Map.of("traceparent", tp));
+    }
+    try (LockClient client = builder.build()) {
       return args[0].equals("hold") ? hold(client, opts) : watch(client, opts, prefix);
     }
   }
