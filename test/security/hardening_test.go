@@ -310,7 +310,7 @@ func TestSharedServiceHardening(t *testing.T) {
 		requireQuotaFailure(t, last, "orders", "write_rate")
 
 		time.Sleep(time.Second)
-		big := bytes.Repeat([]byte("b"), 380<<10)
+		big := bytes.Repeat([]byte("b"), 250<<10)
 		ok = 0
 		for range 4 {
 			_, err := ol.SetValue(ctx, &lockbrokerv1.SetValueRequest{Key: "orders/w", SessionId: sid, Value: big})
@@ -320,7 +320,7 @@ func TestSharedServiceHardening(t *testing.T) {
 				last = err
 			}
 		}
-		assert.Equal(t, 1, ok, "write_bytes_rate 100000: one value of 380 KiB, then none for seconds")
+		assert.Equal(t, 1, ok, "write_bytes_rate 100000: one value of 250 KiB, then none for seconds")
 		requireQuotaFailure(t, last, "orders", "write_bytes_rate")
 
 		ok = 0
