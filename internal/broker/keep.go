@@ -187,8 +187,8 @@ func (k *keeper) checkLoss(ctx context.Context) {
 		return // a loss is being read already
 	}
 	seq := h.grant()
-	st, _ := h.sub.state()
-	if st == nil || st.Index < seq.Token {
+	st, began := h.sub.newest()
+	if st == nil || (st.Index < seq.Token && !began.After(h.grantSeen())) {
 		return // older than the grant
 	}
 	if isLost, _, _ := h.loss(st, seq); !isLost {
@@ -247,6 +247,12 @@ func (h *hold) readLoss(ctx context.Context, seq Sequencer) Outcome {
 			isLost, reason, detail := h.loss(st, seq)
 			if !isLost {
 				return Outcome{}
+			}
+			if st.Index < seq.Token {
+				// Read after the grant, at a lower index: Consul's index
+				// went back, a new history (see history.go).
+				detail += "; Consul's index went back below the grant's token (a snapshot restore?)"
+				h.b.hub.newHistory()
 			}
 			return h.lossOutcome(rec, seq, lost(reason, detail))
 		}

@@ -168,9 +168,13 @@ func (b *Broker) watchReach(ctx context.Context) {
 			defer func() { <-inFlight }()
 			pctx, cancel := context.WithTimeout(ctx, reachGrace)
 			defer cancel()
-			if b.store.Reachable(pctx) == nil && b.reach.answered(time.Now()) {
+			if b.store.Reachable(pctx) != nil {
+				return
+			}
+			if b.reach.answered(time.Now()) {
 				b.log.Info("consul: this replica's agent answers again")
 			}
+			b.checkHistory(pctx)
 		})
 	}
 }
