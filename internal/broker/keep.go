@@ -143,15 +143,21 @@ func (k *keeper) stop() {
 
 // streamEnded decides what the end of the stream means: a cancel ends the
 // hold; a lost connection keeps it until the last promised deadline (see
-// link.go).
+// link.go), and so does a resume cancelled right after its grant: a
+// library gives a resume attempt a few seconds (the Go one 3 s), and one
+// whose `acquired` came just late cancels the stream and tries elsewhere,
+// still believing it holds the lock (issue 41). Released at once, the key
+// would be free while the client still counts on its deadline; kept, it
+// is resumed on the next replica (which fences this copy) or released when
+// the promise ends.
 func (k *keeper) streamEnded(ctx context.Context) {
 	h := k.h
-	if !disconnected(ctx) {
+	if !disconnected(ctx) && !(h.spec.Resume != nil && time.Since(h.grantSeen()) < resumeSettle) {
 		h.life.End(Outcome{Kind: OutcomeCanceled})
 		return
 	}
 	until := h.lingerUntil()
-	h.b.log.Debug("connection lost; keeping the hold until its promise ends", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Time("until", until))
+	h.b.log.Debug("stream ended without giving the hold up; keeping it until its promise ends", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Time("until", until))
 	k.lingering = true
 	k.linger = time.After(time.Until(until))
 }
@@ -168,6 +174,10 @@ func (k *keeper) keepalive(ctx context.Context, safeUntil time.Time) {
 		k.streamEnded(ctx)
 	}
 }
+
+// resumeSettle: a resumed hold whose stream is cancelled sooner after its
+// grant is kept as after a lost connection (see streamEnded).
+const resumeSettle = 2 * time.Second
 
 func lost(r LostReason, detail string) Outcome {
 	return Outcome{Kind: OutcomeLost, Reason: r, Detail: detail}
