@@ -56,6 +56,9 @@ func (h *hold) keep(ctx context.Context) error {
 			k.checkLoss(ctx)
 		case o := <-k.lossRead:
 			k.lossDecided(o)
+		case <-k.recheck:
+			k.recheck = nil
+			k.checkLoss(ctx)
 		case <-h.guard.moved:
 			h.checkOwner(ctx)
 		}
@@ -112,6 +115,9 @@ type keeper struct {
 	// and the hold sends no keepalive meanwhile.
 	lossRead  chan Outcome
 	stopReads context.CancelFunc
+	// recheck fires checkLoss again after a loss was seen while a Release
+	// of this replica was in flight (see checkLoss).
+	recheck <-chan time.Time
 }
 
 func (h *hold) newKeeper(ctx context.Context) *keeper {
@@ -175,6 +181,9 @@ func (k *keeper) keepalive(ctx context.Context, safeUntil time.Time) {
 	}
 }
 
+// releaseRecheck: see checkLoss.
+const releaseRecheck = 10 * time.Millisecond
+
 // resumeSettle: a resumed hold whose stream is cancelled sooner after its
 // grant is kept as after a lost connection (see streamEnded).
 const resumeSettle = 2 * time.Second
@@ -186,11 +195,12 @@ func lost(r LostReason, detail string) Outcome {
 // checkLoss looks at the key's newest listing. One that shows the hold
 // lost starts readLoss, which decides on a consistent read; one that
 // leaves the hold in place is followed for its value. A loss seen while
-// a Release of this replica is in flight is decided all the same: the
-// lifecycle keeps it until the release is done, and it stands if the
-// release did not happen (issue 41: the wake-up was dropped then, and a
-// hold whose release failed because its key had just been taken kept
-// sending keepalives).
+// a Release of this replica is in flight (most often that release's own
+// write) is looked at again every releaseRecheck until the release is
+// done: a release that did not happen leaves the hold held, and the loss
+// is then decided (issue 41: the wake-up was dropped, and a hold whose
+// release failed because its key had just been taken kept sending
+// keepalives).
 func (k *keeper) checkLoss(ctx context.Context) {
 	h := k.h
 	if k.lossRead != nil {
@@ -204,6 +214,13 @@ func (k *keeper) checkLoss(ctx context.Context) {
 	if isLost, _, _ := h.loss(st, seq); !isLost {
 		h.followValue(st)
 		return
+	}
+	switch h.life.Phase() {
+	case PhaseReleasing:
+		k.recheck = time.After(releaseRecheck)
+		return
+	case PhaseEnded:
+		return // decided meanwhile (a release of this replica, say)
 	}
 	if age := h.sub.listingAge(); age > slowLossStep {
 		h.b.log.Warn("a lost hold read its key's listing late", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Duration("listing_age", age))
