@@ -192,7 +192,11 @@ func (h *hold) setGrant(seq *Sequencer) {
 	h.mu.Unlock()
 	h.sub.want(seq.Token)
 	h.sub.refresh()
-
+	if h.sem {
+		h.sub.checkYoung(contenderKey(seq.Key, seq.Session), seq.Session)
+	} else {
+		h.sub.checkYoung(seq.Key, seq.Session)
+	}
 }
 
 // grantSeen is when this replica learned of the grant.

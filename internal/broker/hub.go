@@ -62,6 +62,10 @@ type hub struct {
 	sweepChecks checkBatches[*keyWatch]
 	guardChecks checkBatches[*guard]
 	known       knownFree // see known.go
+	// young are the young holds checked every youngEvery while their
+	// watch is pending, youngRunning whether that loop runs (young.go).
+	young        map[*sub]youngCheck
+	youngRunning bool
 	// kvIndex is the KV store's index as the history probe last read it
 	// (see history.go).
 	kvIndex uint64
