@@ -21,14 +21,16 @@ import (
 // it now is. Fencing tokens need nothing: Consul's Raft index, which they
 // come from, goes on past a restore.
 //
-// It sees one in three places: the history probe, which reads the KV
-// store's index with every reach probe (each second; the listing of
-// historyKey, which nobody writes, carries the whole store's index); a
-// listing at a lower index than its key's last one; and a hold's
-// consistent read of its key below its grant's token (keep.go). A write
-// after the restore and before the probe puts the store's index above
-// the old one again, and hides the restore from the probe; the other two
-// still see it, as soon as a listing or a hold's read comes.
+// It sees one in two places: the history probe, which reads the KV store's
+// index with every reach probe (each second; the listing of historyKey,
+// which nobody writes, carries the whole store's index), and a hold's
+// consistent read of its key below its grant's token (keep.go). A single
+// key's listing that goes back is taken as it is (see publish) but starts
+// nothing more: the listing of a prefix also goes back when Consul reaps
+// the tombstones under it. A write after the restore and before the probe
+// puts the store's index above the old one again, and hides the restore
+// from the probe; a hold's read still sees it, when a listing or a check
+// (the sweep's, a young hold's, a guard's) wakes it.
 const historyKey = BrokerPrefix + "history"
 
 // checkHistory reads the KV store's index and starts a new history when

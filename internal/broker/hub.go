@@ -256,16 +256,12 @@ func fingerprintOf(entries []*Entry) fingerprint {
 // back in time"), and the key's history starts again from it. (Dropping
 // those too left every watch blind after a restore until the index caught
 // up again: issue 41.)
-//
-// It reports whether the index went back: the caller then has every watch
-// of the replica read its key again (hub.newHistory).
-func (kw *keyWatch) publish(entries []*Entry, index uint64, began time.Time) (wentBack bool) {
+func (kw *keyWatch) publish(entries []*Entry, index uint64, began time.Time) {
 	kw.mu.Lock()
 	defer kw.mu.Unlock()
 	if kw.ready && index < kw.index && index != 0 && !began.After(kw.published) {
-		return false // older than what we have
+		return // older than what we have
 	}
-	wentBack = kw.ready && index < kw.index
 	first := !kw.ready
 	kw.entries, kw.index, kw.ready, kw.stale = entries, index, true, false
 	kw.published, kw.began = time.Now(), began
@@ -282,7 +278,6 @@ func (kw *keyWatch) publish(entries []*Entry, index uint64, began time.Time) (we
 		default:
 		}
 	}
-	return wentBack
 }
 
 // newest returns the key's newest state (nil before the first read) and

@@ -57,9 +57,7 @@ func (kw *keyWatch) run(ctx context.Context, r *dedicatedRun) {
 		}
 		index = max(next, 1)
 		mine := under(kw.key, entries)
-		if kw.publish(mine, next, began) {
-			h.newHistory()
-		}
+		kw.publish(mine, next, began)
 		if len(mine) == 0 && !sleep(ctx, emptyPause) {
 			// Consul answers a blocking query on a prefix with no entries
 			// with the whole KV store's index, so it returns on every
@@ -302,8 +300,6 @@ func (h *hub) reread(ctx context.Context, kws []*keyWatch) {
 			h.log.Debug("sweep read failed", zap.String("key", kw.key), zap.Error(err))
 			return
 		}
-		if kw.publish(under(kw.key, entries), index, began) {
-			h.newHistory()
-		}
+		kw.publish(under(kw.key, entries), index, began)
 	})
 }
