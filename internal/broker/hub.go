@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -66,14 +67,15 @@ type hub struct {
 	// watch is pending, youngRunning whether that loop runs (young.go).
 	young        map[*sub]youngCheck
 	youngRunning bool
-	// kvIndex is the KV store's index as the history probe last read it
-	// (see history.go).
-	kvIndex uint64
-	closed  bool // close was called
-	kick    chan struct{}
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	// kvIndex is the KV store's index as the history probe last read it,
+	// historyBusy whether that read is out (see history.go).
+	kvIndex     uint64
+	historyBusy atomic.Bool
+	closed      bool // close was called
+	kick        chan struct{}
+	ctx         context.Context
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
 }
 
 func newHub(store Store, log *zap.Logger, maxDedicated int, sweepInterval time.Duration) *hub {

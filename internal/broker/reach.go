@@ -174,7 +174,16 @@ func (b *Broker) watchReach(ctx context.Context) {
 			if b.reach.answered(time.Now()) {
 				b.log.Info("consul: this replica's agent answers again")
 			}
-			b.checkHistory(pctx)
+			if b.hub.historyBusy.CompareAndSwap(false, true) {
+				// Apart from the probe: a consistent read waits for a
+				// leader, and the probe must not.
+				probes.Go(func() {
+					defer b.hub.historyBusy.Store(false)
+					hctx, cancel := context.WithTimeout(ctx, reachGrace)
+					defer cancel()
+					b.checkHistory(hctx)
+				})
+			}
 		})
 	}
 }
