@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -59,7 +60,8 @@ func TestRestoreTellsVanishedHoldersLost(t *testing.T) {
 	// granted the free key or told its session is gone, soon; never left
 	// queued behind a holder that no longer exists.
 	select {
-	case <-waiterSettled(waiter):
+	case how := <-waiterSettled(waiter):
+		t.Logf("the waiter %s %s after the restore", how, time.Since(restored).Round(time.Millisecond))
 	case <-time.After(5 * time.Second):
 		t.Fatal("the waiter is still queued 5 s after the restore")
 	}
@@ -72,16 +74,20 @@ func TestRestoreTellsVanishedHoldersLost(t *testing.T) {
 	t.Logf("a new Acquire got the key with token %d (before the restore: %d) %s after the restore", got.GetToken(), held.GetToken(), time.Since(restored).Round(time.Millisecond))
 }
 
-// waiterSettled is closed when the waiter's stream is granted or ends.
-func waiterSettled(s *stream) <-chan struct{} {
-	done := make(chan struct{})
+// waiterSettled says how the waiter's wait ended: granted, or the stream's
+// end.
+func waiterSettled(s *stream) <-chan string {
+	done := make(chan string, 1)
 	go func() {
-		defer close(done)
 		for ev := range s.events {
 			if ev.GetAcquired() != nil {
+				done <- "was granted"
 				return
 			}
 		}
+		err := <-s.done
+		s.done <- err
+		done <- fmt.Sprintf("ended: %v", err)
 	}()
 	return done
 }
