@@ -271,15 +271,30 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	l.releasing = true
 	l.mu.Unlock()
-	_, err := l.locks().Release(ctx, &lockbrokerv1.ReleaseRequest{Key: l.key, SessionId: l.seq.GetSessionId(), Token: l.seq.GetToken()})
+	resp, err := l.locks().Release(ctx, &lockbrokerv1.ReleaseRequest{Key: l.key, SessionId: l.seq.GetSessionId(), Token: l.seq.GetToken()})
 	if err != nil {
 		l.end(ErrReleased) // closing the stream releases it too
 	}
+	var unheld <-chan time.Time
+	if err == nil && !resp.GetReleased() {
+		// Nothing was released: the hold had gone already, and its stream
+		// says how at once. A broker that does not say (issue 41: the
+		// loss came during the Release) is not waited for past the
+		// promise bound: the hold is not there to keep.
+		t := time.NewTimer(time.Second)
+		defer t.Stop()
+		unheld = t.C
+	}
 	select {
 	case <-l.stopped:
+	case <-unheld:
+		l.end(ErrReleased)
 	case <-ctx.Done():
 		l.end(ErrReleased)
 		return ctx.Err()
+	}
+	if err := l.Err(); !errors.Is(err, ErrReleased) {
+		return err // lost before the Release could release it
 	}
 	return nil
 }

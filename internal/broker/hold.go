@@ -43,6 +43,8 @@ type hold struct {
 	mu  sync.Mutex
 	rec *record   // the session's record as last written or read
 	seq Sequencer // the grant, once held
+	// granted is when this replica learned of the grant (see newest).
+	granted time.Time
 	// promised is the latest deadline sent to the client (see promise).
 	promised time.Time
 	// value is the holder's value as last seen in Consul (SetValue may
@@ -186,10 +188,22 @@ func (b *Broker) setWaiting(h *hold, waiting bool) {
 // that includes it.
 func (h *hold) setGrant(seq *Sequencer) {
 	h.mu.Lock()
-	h.seq = *seq
+	h.seq, h.granted = *seq, time.Now()
 	h.mu.Unlock()
 	h.sub.want(seq.Token)
 	h.sub.refresh()
+	if h.sem {
+		h.sub.checkYoung(contenderKey(seq.Key, seq.Session), seq.Session)
+	} else {
+		h.sub.checkYoung(seq.Key, seq.Session)
+	}
+}
+
+// grantSeen is when this replica learned of the grant.
+func (h *hold) grantSeen() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.granted
 }
 
 func (h *hold) grant() Sequencer {

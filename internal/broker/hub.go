@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -62,7 +63,15 @@ type hub struct {
 	sweepChecks checkBatches[*keyWatch]
 	guardChecks checkBatches[*guard]
 	known       knownFree // see known.go
-	closed      bool      // close was called
+	// young are the young holds checked every youngEvery while their
+	// watch is pending, youngRunning whether that loop runs (young.go).
+	young        map[*sub]youngCheck
+	youngRunning bool
+	// kvIndex is the KV store's index as the history probe last read it,
+	// historyBusy whether that read is out (see history.go).
+	kvIndex     uint64
+	historyBusy atomic.Bool
+	closed      bool // close was called
 	kick        chan struct{}
 	ctx         context.Context
 	cancel      context.CancelFunc
@@ -94,8 +103,9 @@ type keyWatch struct {
 	subs    map[*sub]struct{}
 	delays  map[string]time.Duration // lock-delay of holder sessions
 	arrived uint64                   // waiters so far (their order)
-	// published is when the newest listing came (see describe).
-	published time.Time
+	// published is when the newest listing came (see describe), began
+	// when its read began (see publish).
+	published, began time.Time
 }
 
 // sub is one subscriber of a key. It keeps only a wake-up signal and a
@@ -237,17 +247,26 @@ func fingerprintOf(entries []*Entry) fingerprint {
 	return fp
 }
 
-// publish stores a new listing and wakes the subscribers (all of them on
-// the first listing, else those whose wake condition holds).
-func (kw *keyWatch) publish(entries []*Entry, index uint64) {
+// publish stores a new listing, whose read began at began, and wakes the
+// subscribers (all of them on the first listing, else those whose wake
+// condition holds).
+//
+// A listing at a lower index than the one it replaces is older when its
+// read began before that one came (a slow read raced a newer one), and
+// is dropped. One whose read began after is newer all the same: Consul's
+// index went back (a snapshot restore, see DESIGN.md "Restores and going
+// back in time"), and the key's history starts again from it. (Dropping
+// those too left every watch blind after a restore until the index caught
+// up again: issue 41.)
+func (kw *keyWatch) publish(entries []*Entry, index uint64, began time.Time) {
 	kw.mu.Lock()
 	defer kw.mu.Unlock()
-	if kw.ready && index < kw.index && index != 0 {
-		return // older than what we have (a slow read raced a newer one)
+	if kw.ready && index < kw.index && index != 0 && !began.After(kw.published) {
+		return // older than what we have
 	}
 	first := !kw.ready
 	kw.entries, kw.index, kw.ready, kw.stale = entries, index, true, false
-	kw.published = time.Now()
+	kw.published, kw.began = time.Now(), began
 	fp := fingerprintOf(entries)
 	for s := range kw.subs {
 		due := s.need > 0 && s.woke < s.need && index >= s.need
@@ -261,6 +280,21 @@ func (kw *keyWatch) publish(entries []*Entry, index uint64) {
 		default:
 		}
 	}
+}
+
+// newest returns the key's newest state (nil before the first read) and
+// when the read of its listing began: a state whose index is below a
+// grant's token but whose read began after the grant is of a new history
+// (see publish), not older than the grant.
+func (s *sub) newest() (*State, time.Time) {
+	st, _ := s.state()
+	kw := s.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if st == nil || st.Index != kw.index {
+		return st, time.Time{} // a newer listing came meanwhile: it wakes again
+	}
+	return st, kw.began
 }
 
 // close stops every watch and waits for them.

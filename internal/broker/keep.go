@@ -9,13 +9,16 @@ import (
 	"go.uber.org/zap"
 )
 
-// lossReadTimeout bounds the reads that tell a loss's reason; without an
-// answer in time the loss is reported with the reason the state shows.
-const lossReadTimeout = 500 * time.Millisecond
+// lossReadTimeout bounds one read of a session's record that tells a loss
+// its reason (and checkOwner's read). A loss's read is tried again until
+// it answers: a Release elsewhere must never be told as a loss because
+// this replica is slow to Consul (issue 41), and while it waits the hold
+// sends no keepalive.
+const lossReadTimeout = 5 * time.Second
 
 // slowLossStep: a step of a loss notice (reading the key's listing, the
 // record, sending `lost`) that takes longer is logged (warn).
-const slowLossStep = lossReadTimeout / 2
+const slowLossStep = 250 * time.Millisecond
 
 // keep holds the grant until its outcome is decided, then carries it out.
 // It returns nil after `lost` or `released`, and ctx's error when the
@@ -50,7 +53,12 @@ func (h *hold) keep(ctx context.Context) error {
 		case <-k.deadline.C:
 			k.pastDeadline()
 		case <-h.sub.wake:
-			h.checkLoss(ctx)
+			k.checkLoss(ctx)
+		case o := <-k.lossRead:
+			k.lossDecided(o)
+		case <-k.recheck:
+			k.recheck = nil
+			k.checkLoss(ctx)
 		case <-h.guard.moved:
 			h.checkOwner(ctx)
 		}
@@ -102,6 +110,14 @@ type keeper struct {
 	tick               <-chan time.Time
 	linger             <-chan time.Time // set once the connection was lost
 	lingering          bool
+	// lossRead brings the outcome of a loss once the session's record
+	// told its reason (see checkLoss); it is set while that read runs,
+	// and the hold sends no keepalive meanwhile.
+	lossRead  chan Outcome
+	stopReads context.CancelFunc
+	// recheck fires checkLoss again after a loss was seen while a Release
+	// of this replica was in flight (see checkLoss).
+	recheck <-chan time.Time
 }
 
 func (h *hold) newKeeper(ctx context.Context) *keeper {
@@ -122,6 +138,9 @@ func (h *hold) newKeeper(ctx context.Context) *keeper {
 }
 
 func (k *keeper) stop() {
+	if k.stopReads != nil {
+		k.stopReads()
+	}
 	k.deadline.Stop()
 	if k.ticker != nil {
 		k.ticker.Stop()
@@ -130,15 +149,21 @@ func (k *keeper) stop() {
 
 // streamEnded decides what the end of the stream means: a cancel ends the
 // hold; a lost connection keeps it until the last promised deadline (see
-// link.go).
+// link.go), and so does a resume cancelled right after its grant: a
+// library gives a resume attempt a few seconds (the Go one 3 s), and one
+// whose `acquired` came just late cancels the stream and tries elsewhere,
+// still believing it holds the lock (issue 41). Released at once, the key
+// would be free while the client still counts on its deadline; kept, it
+// is resumed on the next replica (which fences this copy) or released when
+// the promise ends.
 func (k *keeper) streamEnded(ctx context.Context) {
 	h := k.h
-	if !disconnected(ctx) {
+	if !disconnected(ctx) && !(h.spec.Resume != nil && time.Since(h.grantSeen()) < resumeSettle) {
 		h.life.End(Outcome{Kind: OutcomeCanceled})
 		return
 	}
 	until := h.lingerUntil()
-	h.b.log.Debug("connection lost; keeping the hold until its promise ends", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Time("until", until))
+	h.b.log.Debug("stream ended without giving the hold up; keeping it until its promise ends", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Time("until", until))
 	k.lingering = true
 	k.linger = time.After(time.Until(until))
 }
@@ -147,7 +172,7 @@ func (k *keeper) streamEnded(ctx context.Context) {
 // once the connection is lost).
 func (k *keeper) keepalive(ctx context.Context, safeUntil time.Time) {
 	h := k.h
-	if k.lingering {
+	if k.lingering || k.lossRead != nil {
 		return
 	}
 	if h.send(Event{Kind: EventKeepalive, GuaranteedFor: h.promise(safeUntil), Sequencer: h.grant()}) != nil {
@@ -156,46 +181,113 @@ func (k *keeper) keepalive(ctx context.Context, safeUntil time.Time) {
 	}
 }
 
+// releaseRecheck: see checkLoss.
+const releaseRecheck = 10 * time.Millisecond
+
+// resumeSettle: a resumed hold whose stream is cancelled sooner after its
+// grant is kept as after a lost connection (see streamEnded).
+const resumeSettle = 2 * time.Second
+
 func lost(r LostReason, detail string) Outcome {
 	return Outcome{Kind: OutcomeLost, Reason: r, Detail: detail}
 }
 
-// checkLoss looks at the key's newest state. A loss is decided with the
-// reason the state and a bounded read of the session's record and release
-// marker show; a change that leaves the hold in place is checked for a
-// resume on another replica.
-func (h *hold) checkLoss(ctx context.Context) {
+// checkLoss looks at the key's newest listing. One that shows the hold
+// lost starts readLoss, which decides on a consistent read; one that
+// leaves the hold in place is followed for its value. A loss seen while
+// a Release of this replica is in flight (most often that release's own
+// write) is looked at again every releaseRecheck until the release is
+// done: a release that did not happen leaves the hold held, and the loss
+// is then decided (issue 41: the wake-up was dropped, and a hold whose
+// release failed because its key had just been taken kept sending
+// keepalives).
+func (k *keeper) checkLoss(ctx context.Context) {
+	h := k.h
+	if k.lossRead != nil {
+		return // a loss is being read already
+	}
 	seq := h.grant()
-	st, _ := h.sub.state()
-	if st == nil || st.Index < seq.Token {
+	st, began := h.sub.newest()
+	if st == nil || (st.Index < seq.Token && !began.After(h.grantSeen())) {
 		return // older than the grant
 	}
-	var isLost bool
-	var reason LostReason
-	var detail string
-	if h.sem {
-		isLost, reason, detail = semaphoreLoss(st, seq, h.limit)
-	} else {
-		isLost, reason, detail = lockLoss(st, seq)
-	}
-	if !isLost {
+	if isLost, _, _ := h.loss(st, seq); !isLost {
 		h.followValue(st)
 		return
 	}
-	if h.life.Phase() != PhaseHeld {
-		return // a release by this replica is in flight: it decides
+	switch h.life.Phase() {
+	case PhaseReleasing:
+		k.recheck = time.After(releaseRecheck)
+		return
+	case PhaseEnded:
+		return // decided meanwhile (a release of this replica, say)
 	}
 	if age := h.sub.listingAge(); age > slowLossStep {
 		h.b.log.Warn("a lost hold read its key's listing late", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Duration("listing_age", age))
 	}
-	rctx, cancel := context.WithTimeout(ctx, lossReadTimeout)
-	defer cancel()
-	began := time.Now()
-	o := h.lossOutcome(rctx, seq, lost(reason, detail))
-	if d := time.Since(began); d > slowLossStep {
-		h.b.log.Warn("slow read of a lost hold's record", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Duration("took", d))
+	rctx, cancel := context.WithCancel(ctx)
+	k.stopReads, k.lossRead = cancel, make(chan Outcome, 1)
+	h.b.holds.Add(1)
+	go func() {
+		defer h.b.holds.Done()
+		k.lossRead <- h.readLoss(rctx, seq)
+	}()
+}
+
+// lossDecided carries out the loss readLoss read: none (a listing older than
+// the read, say) lets the hold go on.
+func (k *keeper) lossDecided(o Outcome) {
+	if o.Kind == 0 {
+		k.stopReads()
+		k.lossRead, k.stopReads = nil, nil
+		return
 	}
-	h.life.End(o)
+	k.h.life.End(o)
+}
+
+// loss says whether st shows the hold lost, and why.
+func (h *hold) loss(st *State, seq Sequencer) (bool, LostReason, string) {
+	if h.sem {
+		return semaphoreLoss(st, seq, h.limit)
+	}
+	return lockLoss(st, seq)
+}
+
+// readLoss reads the key's state and the session's record, consistently,
+// until they answer (each read bounded by lossReadTimeout), and decides
+// the loss on them (see lossOutcome); the zero Outcome when the hold is
+// not lost after all. The listing alone cannot tell a Release on another
+// replica from a loss, and a guess would tell a released hold it was lost
+// (issue 41: it guessed after 500 ms). Were Consul to stop answering, the
+// hold ends otherwise meanwhile (its replica cut off, its renewals
+// failing).
+func (h *hold) readLoss(ctx context.Context, seq Sequencer) Outcome {
+	began := time.Now()
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, lossReadTimeout)
+		st, rec, err := h.b.readHold(rctx, seq.Key, seq.Session)
+		cancel()
+		if err == nil {
+			if d := time.Since(began); d > slowLossStep {
+				h.b.log.Warn("slow read of a lost hold's record", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Duration("took", d), zap.Int("attempts", attempt+1))
+			}
+			isLost, reason, detail := h.loss(st, seq)
+			if !isLost {
+				return Outcome{}
+			}
+			if st.Index < seq.Token {
+				// Read after the grant, at a lower index: Consul's index
+				// went back, a new history (see history.go).
+				detail += "; Consul's index went back below the grant's token (a snapshot restore?)"
+				h.b.hub.newHistory()
+			}
+			return h.lossOutcome(rec, seq, lost(reason, detail))
+		}
+		if ctx.Err() != nil {
+			return Outcome{}
+		}
+		backoff(ctx, attempt)
+	}
 }
 
 // followValue notes the hold's value as it now is in Consul (a SetValue
@@ -228,16 +320,12 @@ func (h *hold) checkOwner(ctx context.Context) {
 	}
 }
 
-// lossOutcome refines a loss with the session's record (one bounded
-// read): a record owned by another replica means the hold was resumed
-// there; a record no longer held by its session means the session ended;
-// a live record without the key means a Release (on another replica)
-// ended it. Without an answer in time the state's reason stands.
-func (h *hold) lossOutcome(ctx context.Context, seq Sequencer, o Outcome) Outcome {
-	rec, err := h.b.readRecord(ctx, seq.Session)
-	if err != nil {
-		return o
-	}
+// lossOutcome refines a loss with the session's record: a record owned by
+// another replica means the hold was resumed there; a record no longer
+// held by its session means the session ended; a live record without the
+// key means a Release (on another replica) ended it. Otherwise the
+// state's reason stands.
+func (h *hold) lossOutcome(rec *record, seq Sequencer, o Outcome) Outcome {
 	_, listed := rec.Holds[seq.Key]
 	switch {
 	case h.owned && rec.index != 0 && rec.Owner != h.owner:

@@ -1,6 +1,9 @@
 package broker
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // What this replica's own writes tell it about a key, without a read.
 //
@@ -68,7 +71,7 @@ func (kw *keyWatch) publishOwn(e *Entry) {
 	ok := kw.ready && len(kw.entries) == 1 && kw.entries[0].Key == e.Key && e.ModifyIndex > kw.index
 	kw.mu.Unlock()
 	if ok {
-		kw.publish([]*Entry{e}, e.ModifyIndex)
+		kw.publish([]*Entry{e}, e.ModifyIndex, time.Now())
 	}
 }
 

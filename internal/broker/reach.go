@@ -168,8 +168,21 @@ func (b *Broker) watchReach(ctx context.Context) {
 			defer func() { <-inFlight }()
 			pctx, cancel := context.WithTimeout(ctx, reachGrace)
 			defer cancel()
-			if b.store.Reachable(pctx) == nil && b.reach.answered(time.Now()) {
+			if b.store.Reachable(pctx) != nil {
+				return
+			}
+			if b.reach.answered(time.Now()) {
 				b.log.Info("consul: this replica's agent answers again")
+			}
+			if b.hub.historyBusy.CompareAndSwap(false, true) {
+				// Apart from the probe: a consistent read waits for a
+				// leader, and the probe must not.
+				probes.Go(func() {
+					defer b.hub.historyBusy.Store(false)
+					hctx, cancel := context.WithTimeout(ctx, reachGrace)
+					defer cancel()
+					b.checkHistory(hctx)
+				})
 			}
 		})
 	}

@@ -197,11 +197,16 @@ func (r *renewer) safeUntil() time.Time {
 }
 
 // start renews every TTL/3 until stop is called or the session is lost.
+// The first renewal comes TTL/3 after the last one (or the creation), not
+// after start: a pooled session is handed out up to TTL/2 after its last
+// renewal, and a first renewal TTL/3 after that left it 1 s before its
+// safe deadline (issue 41).
 func (r *renewer) start() {
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	first := max(r.ttl/3-time.Since(r.lastRenewal()), 0)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.timer = time.AfterFunc(r.ttl/3, r.tick)
+	r.timer = time.AfterFunc(first, r.tick)
 }
 
 // stop ends the renewals and waits for one in flight to return.

@@ -82,3 +82,29 @@ func TestRenewer(t *testing.T) {
 	default:
 	}
 }
+
+// Issue 41 (suspicion: little slack on a pooled session): the pool hands
+// a session out up to TTL/2 after its last renewal. Its hold's first
+// renewal must come TTL/3 after that renewal, not TTL/3 after the hand-out
+// (which left 1 s before the safe deadline, 2.5 s before Consul's TTL for
+// the default 15 s).
+func TestRenewerOfASessionRenewedLongAgo(t *testing.T) {
+	_, store := startStore(t, consulstore.Options{})
+	const ttl = 15 * time.Second
+	id, err := store.CreateSession(t.Context(), broker.SessionSpec{TTL: ttl})
+	require.NoError(t, err)
+	lastRenewed := time.Now().Add(-ttl / 2) // as the pool may hand it out
+	r := broker.NewRenewer(store, id, ttl, lastRenewed)
+	began := time.Now()
+	r.Start()
+	t.Cleanup(r.Stop)
+	select {
+	case d := <-r.Renewed():
+		assert.Less(t, time.Since(began), time.Second, "renewed at once: its last renewal is more than TTL/3 old")
+		assert.WithinRange(t, d, began.Add(ttl-2*time.Second), time.Now().Add(ttl))
+	case err := <-r.Failed():
+		t.Fatalf("renewal failed: %v", err)
+	case <-time.After(ttl / 3):
+		t.Fatal("no renewal within TTL/3 of the hand-out")
+	}
+}

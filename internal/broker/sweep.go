@@ -31,6 +31,7 @@ func (kw *keyWatch) run(ctx context.Context, r *dedicatedRun) {
 			testHookParked(kw.key)
 			return
 		}
+		began := time.Now()
 		entries, next, err := h.store.Watch(ctx, kw.key, index)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -63,7 +64,7 @@ func (kw *keyWatch) run(ctx context.Context, r *dedicatedRun) {
 		}
 		index = max(next, 1)
 		mine := under(kw.key, entries)
-		kw.publish(mine, next)
+		kw.publish(mine, next, began)
 		if len(mine) == 0 && !sleep(ctx, emptyPause) {
 			// Consul answers a blocking query on a prefix with no entries
 			// with the whole KV store's index, so it returns on every
@@ -300,11 +301,12 @@ func inParallel(n int, f func(i int)) {
 func (h *hub) reread(ctx context.Context, kws []*keyWatch) {
 	inParallel(len(kws), func(i int) {
 		kw := kws[i]
+		began := time.Now()
 		entries, index, err := h.store.List(ctx, kw.key, false)
 		if err != nil {
 			h.log.Debug("sweep read failed", zap.String("key", kw.key), zap.Error(err))
 			return
 		}
-		kw.publish(under(kw.key, entries), index)
+		kw.publish(under(kw.key, entries), index, began)
 	})
 }

@@ -18,8 +18,8 @@ func (h *hub) subscribe(key string) *sub { return h.subscribeAt(key, false) }
 // watchDelay, or as soon as the subscriber needs it (activate: a waiter),
 // so that a short uncontended hold costs Consul no query at all. Its
 // grant needs no state (the granting transaction checks the key), and
-// its loss is still noticed within watchDelay plus a watch's first
-// answer, well inside the 1 s bound.
+// until its watch starts its key is checked every youngEvery (young.go),
+// so that its loss is noticed as soon as an older hold's.
 func (h *hub) subscribeLazy(key string) *sub { return h.subscribeAt(key, true) }
 
 // start starts a pending watch (unless nobody wants it any more).

@@ -65,6 +65,10 @@ type member struct {
 	size int
 	done chan struct{} // closed when the fields below are set
 	sent bool          // taken from the queue (under batcher.mu)
+	// left: its caller stopped waiting after it was sent (under
+	// batcher.mu). A round Consul rolls back applied nothing of it, and
+	// it is not sent again (see send).
+	left bool
 
 	// The outcome, set before done is closed: err, or ok with the
 	// member's own part of Consul's answer (op indexes its own), or solo:
@@ -100,6 +104,7 @@ func (b *batcher) txn(ctx context.Context, ops []broker.Op) ([]*broker.Entry, er
 		if !m.sent {
 			b.remove(m)
 		}
+		m.left = true
 		b.mu.Unlock()
 		return nil, c.classify(c.ctx.Err())
 	}
@@ -175,16 +180,40 @@ func (b *batcher) take() []*member {
 }
 
 // send sends batch as one transaction and settles every member, sending
-// again those that passed when others failed.
+// again those that passed when others failed, unless their caller has
+// left: it was told the outcome is unknown and may have read the state
+// since to settle it (a grant it no longer waited for, say); a write sent
+// after that read would leave a key held that nobody knows of (issue 41).
 func (b *batcher) send(batch []*member) {
 	for len(batch) > 0 {
 		if len(batch) > 1 {
 			b.batches.Add(1)
 			b.batched.Add(uint64(len(batch)))
 		}
-		batch = b.round(batch)
+		batch = b.stay(b.round(batch))
 	}
 }
+
+// stay returns the members of again whose caller still waits, and settles
+// the others as not applied.
+func (b *batcher) stay(again []*member) []*member {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := again[:0]
+	for _, m := range again {
+		if m.left {
+			m.err = errLeftBeforeResend
+			close(m.done)
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// errLeftBeforeResend settles a member whose caller left before it could
+// be sent again: nobody reads it.
+var errLeftBeforeResend = errors.New("consulstore: the caller left before its write was sent again")
 
 // round makes one call for batch, settles the members it can and returns
 // those to send again.

@@ -3,8 +3,10 @@ package consulstore
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -361,6 +363,78 @@ func TestTxnBatchCallerLeaves(t *testing.T) {
 	_, err = short.Txn(t.Context(), []broker.Op{{Verb: broker.OpSet, Key: "l/late"}})
 	requireStoreError(t, err, broker.StoreUnavailable, "kv txn")
 	assert.Less(t, time.Since(start), 2*time.Second)
+}
+
+// Issue 41 (suspicion: the batcher sends a member again after its caller
+// left): a member whose caller stopped waiting while its batch was in
+// flight, and whose batch Consul rolled back for another member's sake,
+// is not sent again. Its caller was told the outcome is unknown and may
+// have read the key since (the broker's settle does, to undo a grant it
+// no longer waited for); a write committed after that read would leave a
+// key held that nobody knows of. Before, it was sent again and committed.
+func TestTxnBatchMemberNotResentAfterCallerLeft(t *testing.T) {
+	t.Parallel()
+	agent := consultest.Start(t)
+	gate := make(chan struct{})
+	var armed atomic.Bool
+	cfg := agent.Intercept(t, func(w http.ResponseWriter, r *http.Request, next http.Handler) {
+		if r.URL.Path == "/v1/txn" && armed.CompareAndSwap(true, false) {
+			<-gate // the batch waits until its caller has left
+		}
+		next.ServeHTTP(w, r)
+	})
+	s := openConfig(t, cfg, Options{MaxTxnInFlight: 1})
+	holder := session(t, s, broker.SessionSpec{Name: "holder"})
+	mine := session(t, s, broker.SessionSpec{Name: "mine"})
+	_, err := s.Txn(t.Context(), []broker.Op{{Verb: broker.OpLock, Key: "left/held", Session: holder}})
+	require.NoError(t, err)
+	armed.Store(true)
+
+	release := holdSlots(t, s)
+	failing := make(chan error, 1)
+	go func() {
+		_, err := s.Txn(t.Context(), []broker.Op{{Verb: broker.OpLock, Key: "left/held", Session: mine}})
+		failing <- err
+	}()
+	queued(t, s, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	leaving := make(chan error, 1)
+	go func() {
+		_, err := s.Txn(ctx, []broker.Op{{Verb: broker.OpLock, Key: "left/grant", Session: mine}})
+		leaving <- err
+	}()
+	queued(t, s, 2)
+	release() // the batch of both goes, and waits at the gate
+	require.Eventually(t, func() bool {
+		s.batch.mu.Lock()
+		defer s.batch.mu.Unlock()
+		return len(s.batch.queue) == 0
+	}, 5*time.Second, time.Millisecond)
+	cancel()
+	select {
+	case err := <-leaving:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the caller still waits after its context ended")
+	}
+	close(gate)
+	select {
+	case err := <-failing:
+		requireTxnError(t, err, broker.TxnFailure{Op: 0, Kind: broker.TxnLockHeld})
+	case <-time.After(5 * time.Second):
+		t.Fatal("the failing member got no answer")
+	}
+	// The batch's slot is free once it settled every member.
+	require.Eventually(t, func() bool {
+		s.batch.mu.Lock()
+		defer s.batch.mu.Unlock()
+		return s.batch.inflight == 0
+	}, 5*time.Second, time.Millisecond)
+	kv, _, err := s.Client().KV().Get("left/grant", nil)
+	require.NoError(t, err)
+	if kv != nil {
+		assert.Empty(t, kv.Session, "the member whose caller left was sent again and committed")
+	}
 }
 
 // TestSettleResultsFiltered proves the mapping of an applied batch's

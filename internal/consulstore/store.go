@@ -12,9 +12,12 @@
 // connection) unless the config needs a proxy or a custom TLS dialer.
 // Watch also takes one of MaxBlocking slots before it asks Consul, and
 // waits for a free one, so however many keys the broker watches, a burst
-// of watches can never take the connections a renewal needs. With the
-// defaults (32 + 64) one replica stays under 100 connections: two replicas
-// on one host fit under Consul's default http_max_conns_per_client of 200.
+// of watches can never take the connections a renewal needs. A third
+// transport, of one connection, carries the probe that tells whether the
+// agent answers (Reachable): renewals held up by a leader election cannot
+// keep it waiting. With the defaults (32 + 64 + 1) one replica stays under
+// 100 connections: two replicas on one host fit under Consul's default
+// http_max_conns_per_client of 200.
 //
 // # Group commit
 //
@@ -145,8 +148,10 @@ func (o Options) watchTimeout() time.Duration {
 // Store talks to one Consul agent. Its methods are safe for concurrent use.
 type Store struct {
 	opts Options
-	// c serves every call but Watch; blockingC serves Watch.
-	c, blockingC *api.Client
+	// c serves every call but Watch and the reach probe; blockingC
+	// serves Watch; probeC the probe (Reachable, Healthy) over one
+	// connection of its own (c for a Store built by New).
+	c, blockingC, probeC *api.Client
 	// txn makes the transaction calls of c without the api package (nil
 	// for a Store built by New: api.Txn then).
 	txn *txnEndpoint
@@ -154,8 +159,9 @@ type Store struct {
 	batch *batcher
 	// transports are closed by Close (nil for a Store built by New).
 	transports []*http.Transport
-	// pool carries c's calls when it can (see connPool); nil otherwise.
-	pool *connPool
+	// pool carries c's calls when it can (see connPool); nil otherwise;
+	// probePool probeC's.
+	pool, probePool *connPool
 	// secrets are redacted from every error text.
 	secrets []string
 
@@ -193,9 +199,20 @@ func Open(cfg *api.Config, opts Options) (*Store, error) {
 		tr.CloseIdleConnections()
 		return nil, err
 	}
+	// The probe that tells whether the agent answers at all has a
+	// connection of its own: behind MaxConns renewals that an election
+	// holds up, it would wait past the broker's grace and every replica
+	// would count as cut off (issue 41).
+	pc, ptr, ppool, _, err := newClient(*cfg, 1, true)
+	if err != nil {
+		tr.CloseIdleConnections()
+		btr.CloseIdleConnections()
+		return nil, err
+	}
 	s := newStore(c, bc, opts)
-	s.transports = []*http.Transport{tr, btr}
-	s.pool = pool
+	s.probeC = pc
+	s.transports = []*http.Transport{tr, btr, ptr}
+	s.pool, s.probePool = pool, ppool
 	s.txn = txn
 	s.batch = &batcher{s: s, max: opts.MaxTxnInFlight}
 	s.secrets = secretsOf(cfg, txn.token())
@@ -203,7 +220,7 @@ func Open(cfg *api.Config, opts Options) (*Store, error) {
 }
 
 func newStore(c, blockingC *api.Client, opts Options) *Store {
-	return &Store{opts: opts, c: c, blockingC: blockingC, slots: make(chan struct{}, opts.MaxBlocking), latency: newLatencies()}
+	return &Store{opts: opts, c: c, blockingC: blockingC, probeC: c, slots: make(chan struct{}, opts.MaxBlocking), latency: newLatencies()}
 }
 
 // Close releases the Store's idle connections. Call it once no call is in
@@ -212,8 +229,10 @@ func (s *Store) Close() {
 	for _, tr := range s.transports {
 		tr.CloseIdleConnections()
 	}
-	if s.pool != nil {
-		s.pool.CloseIdleConnections()
+	for _, p := range []*connPool{s.pool, s.probePool} {
+		if p != nil {
+			p.CloseIdleConnections()
+		}
 	}
 }
 
@@ -290,7 +309,7 @@ func (s *Store) Reachable(ctx context.Context) error {
 
 func (s *Store) statusLeader(ctx context.Context, needLeader bool) error {
 	c := s.begin(ctx, opStatusLeader, s.opts.CallTimeout)
-	leader, err := s.c.Status().LeaderWithQueryOptions((&api.QueryOptions{}).WithContext(c.ctx))
+	leader, err := s.probeC.Status().LeaderWithQueryOptions((&api.QueryOptions{}).WithContext(c.ctx))
 	if err == nil && leader == "" && needLeader {
 		err = &broker.StoreError{Kind: broker.StoreUnavailable, Op: c.opName(), Err: errors.New("no cluster leader")}
 	}

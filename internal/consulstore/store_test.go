@@ -21,10 +21,11 @@ func TestOpenOptions(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	assert.Equal(t, Options{WaitTime: 30 * time.Second, MaxBlocking: 32, MaxConns: 64, CallTimeout: 10 * time.Second, MaxTxnInFlight: 4}, s.Options())
-	require.Len(t, s.transports, 2)
+	require.Len(t, s.transports, 3)
 	assert.Equal(t, 64, s.transports[0].MaxConnsPerHost)
 	assert.Equal(t, 32, s.transports[1].MaxConnsPerHost)
-	assert.LessOrEqual(t, s.Options().MaxBlocking+s.Options().MaxConns, 100, "two replicas fit under Consul's default 200")
+	assert.Equal(t, 1, s.transports[2].MaxConnsPerHost, "the reach probe's own connection")
+	assert.LessOrEqual(t, s.Options().MaxBlocking+s.Options().MaxConns+1, 100, "two replicas fit under Consul's default 200")
 	assert.Equal(t, 32, cap(s.slots))
 
 	for _, bad := range []Options{

@@ -84,6 +84,16 @@ func Start(t testing.TB, opts ...Option) *Agent {
 	return a
 }
 
+// StartClient starts a client agent (not a server) of server, the way
+// Start starts a dev agent: it joins server's LAN pool and is ready once it
+// reaches the leader through it. Its node is its own: sessions made
+// through it belong to that node (a graceful stop, which leaves the
+// cluster by default, deregisters the node and invalidates them).
+func StartClient(t testing.TB, server *Agent, opts ...Option) *Agent {
+	t.Helper()
+	return Start(t, append([]Option{func(c *ProcessConfig) { c.Server = server.current() }}, opts...)...)
+}
+
 // current returns the agent's current process.
 func (a *Agent) current() *Process {
 	a.mu.Lock()

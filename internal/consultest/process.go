@@ -58,6 +58,10 @@ type ProcessConfig struct {
 	// the HTTP port (plain HTTP is off), with these files; the readiness
 	// probe verifies the agent against HTTPS.CAFile.
 	HTTPS *HTTPS
+	// Server, when set, makes the agent a client agent (not a server) of
+	// that server agent: it joins it and counts as ready once it sees it
+	// as the leader (see StartClient).
+	Server *Process
 }
 
 // Process is a running `consul agent -dev` child process.
@@ -144,6 +148,11 @@ func launch(ctx context.Context, cfg ProcessConfig, pp ports, node string) (*Pro
 	if cfg.HTTPS != nil {
 		args = append(args, "-hcl="+cfg.HTTPS.hcl(pp.HTTP))
 	}
+	leader := "127.0.0.1:" + strconv.Itoa(pp.Server)
+	if s := cfg.Server; s != nil {
+		args = append(args, fmt.Sprintf("-hcl=server = false\nbootstrap = false\nretry_join = [\"127.0.0.1:%d\"]", s.ports.SerfLAN))
+		leader = "127.0.0.1:" + strconv.Itoa(s.ports.Server)
+	}
 	for _, h := range cfg.HCL {
 		args = append(args, "-hcl="+h)
 	}
@@ -158,7 +167,7 @@ func launch(ctx context.Context, cfg ProcessConfig, pp ports, node string) (*Pro
 
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	if err := waitReady(ctx, p.HTTPAddr(), "127.0.0.1:"+strconv.Itoa(pp.Server), cfg.Token, cfg.HTTPS, p.done); err != nil {
+	if err := waitReady(ctx, p.HTTPAddr(), leader, cfg.Token, cfg.HTTPS, p.done); err != nil {
 		stopErr := p.Stop()
 		if portConflict(p.tail) {
 			err = fmt.Errorf("%w: %w", errBind, err)

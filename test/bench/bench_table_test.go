@@ -32,6 +32,7 @@ var (
 	tableSemCycles = flag.Int("table.sem", 360, "semaphore cycles per implementation")
 	tableReleases  = flag.Int("table.releases", 200, "stream-less TryAcquire + Release samples")
 	tableLoss      = flag.Int("table.loss", 30, "loss-notice samples per implementation")
+	lossOnly       = flag.Bool("loss", false, "run TestBenchLossNotice (the table's loss-notice rows alone)")
 	// handoffSettle is how long a hand-off waiter is left queued before the
 	// holder releases, for the broker and api.Lock alike (api.Lock cannot
 	// say when it is waiting). The processes are idle that long: each
@@ -170,9 +171,8 @@ func TestBenchTable(t *testing.T) {
 	try, rel := e.streamless(*tableReleases)
 
 	// Loss notice: the session destroyed in Consul → lost / leaderCh closed.
-	apiLoss := e.apiLoss(*tableLoss)
-	brLoss := e.brokerLoss(*tableLoss, 0)
-	brLossAged := e.brokerLoss(*tableLoss, lossAge)
+	loss := e.lossRuns(*tableLoss)
+	apiLoss, brLoss, brLossAged := loss.api, loss.fresh, loss.aged
 	fl.close(e.ac)
 
 	// The table.
@@ -211,10 +211,7 @@ func TestBenchTable(t *testing.T) {
 	tb.add("stream-less Release p99 ms", fmtMs(rel.p99()), "-", fmtMs(e.floorRel.p99()), "-", ratio(rel.p99(), e.floorRel.p99()), "")
 	tb.add(fmt.Sprintf("stream-less TryAcquire p50 ms (n=%d)", try.len()), fmtMs(try.p50()), "-", fmtMs(e.floorAcq.p50()),
 		"-", ratio(try.p50(), e.floorAcq.p50()), "")
-	lat(fmt.Sprintf("loss notice p50 ms (n=%d)", *tableLoss), &brLoss.lat, &apiLoss.lat, nil, 0.5, "≤1000 ms")
-	lat("loss notice p99 ms", &brLoss.lat, &apiLoss.lat, nil, 0.99, "")
-	lat(fmt.Sprintf("loss notice, hold %s old, p50 ms (n=%d)", lossAge, *tableLoss), &brLossAged.lat, &apiLoss.lat, nil, 0.5, "≤1000 ms")
-	lat(fmt.Sprintf("loss notice, hold %s old, p99 ms", lossAge), &brLossAged.lat, &apiLoss.lat, nil, 0.99, "")
+	loss.rows(lat)
 	out.WriteString(tb.String())
 
 	// Costs per cycle, by row and implementation.
@@ -288,14 +285,7 @@ func TestBenchTable(t *testing.T) {
 	out.WriteString(fmt.Sprintf("# hand-off: the waiter is queued (broker: after `queued`) and left %s before the holder releases;\n", *handoffSettle))
 	out.WriteString("#   latency = Release/Unlock call → waiter's `acquired` / Lock returns, each noted by the waiter's own goroutine; the\n")
 	out.WriteString("#   call-alone row is the holder's call until it returns.\n")
-	out.WriteString("# loss notice: session destroyed with a plain Consul call → `lost` on the stream / api.Lock's leaderCh closed;\n")
-	out.WriteString(fmt.Sprintf("#   first rows right after the grant (a hold's watch starts %s after its grant unless it waits), then on holds %s old.\n", "200ms", lossAge))
-	reasons := slices.Sorted(maps.Keys(e.lossReasons))
-	var rs []string
-	for _, r := range reasons {
-		rs = append(rs, fmt.Sprintf("%s×%d", r, e.lossReasons[r]))
-	}
-	out.WriteString("# broker loss reasons: " + strings.Join(rs, ", ") + "\n")
+	e.lossNotes(&out)
 	for _, x := range []struct {
 		name string
 		r    *run
@@ -307,7 +297,7 @@ func TestBenchTable(t *testing.T) {
 		{"16 clients broker", par[16][2]}, {"16 clients api.Lock", par[16][0]}, {"16 clients floor", par[16][1]},
 		{"64 clients broker", par[64][2]}, {"64 clients api.Lock", par[64][0]}, {"64 clients floor", par[64][1]},
 		{"semaphore broker", brSem}, {"semaphore api.Semaphore", apiSem},
-		{"stream-less broker", e.streamErrs}, {"loss broker", brLoss}, {"loss broker (aged)", brLossAged}, {"loss api.Lock", apiLoss},
+		{"stream-less broker", e.streamErrs}, {"loss broker", brLoss}, {"loss broker (spread)", loss.spread}, {"loss broker (aged)", brLossAged}, {"loss api.Lock", apiLoss},
 	} {
 		if x.r != nil && x.r.errs.count() > 0 {
 			out.WriteString(fmt.Sprintf("# ERRORS %s: %s\n", x.name, x.r.errs.String()))
@@ -869,22 +859,88 @@ func (e *env) explainNotReleased(key, session string, seq *lockbrokerv1.Sequence
 		seq.GetToken(), seq.GetLockIndex(), prevToken, now)
 }
 
+// lossRuns are the loss-notice rows' runs: api.Lock, and the broker's
+// holds destroyed right after the grant, at ages spread evenly over
+// [0, lossAge) (issue 41: a hold under 500 ms old heard of its loss 200 ms
+// late, whatever the first row said), and lossAge old.
+type lossRuns struct{ api, fresh, spread, aged *run }
+
+func (e *env) lossRuns(n int) lossRuns {
+	return lossRuns{
+		api:    e.apiLoss(n),
+		fresh:  e.brokerLoss(n, "fresh", func(int) time.Duration { return 0 }),
+		spread: e.brokerLoss(n, "spread", func(i int) time.Duration { return time.Duration(i) * lossAge / time.Duration(n) }),
+		aged:   e.brokerLoss(n, "aged", func(int) time.Duration { return lossAge }),
+	}
+}
+
+// rows adds the loss-notice rows with lat (see TestBenchTable).
+func (l lossRuns) rows(lat func(name string, br, ap, fl *latencies, q float64, target string)) {
+	lat(fmt.Sprintf("loss notice p50 ms (n=%d)", l.fresh.n), &l.fresh.lat, &l.api.lat, nil, 0.5, "≤1000 ms")
+	lat("loss notice p99 ms", &l.fresh.lat, &l.api.lat, nil, 0.99, "≤20 ms (issue 41)")
+	lat(fmt.Sprintf("loss notice, hold 0-%s old (spread), p50 ms (n=%d)", lossAge, l.spread.n), &l.spread.lat, &l.api.lat, nil, 0.5, "")
+	lat(fmt.Sprintf("loss notice, hold 0-%s old (spread), p99 ms", lossAge), &l.spread.lat, &l.api.lat, nil, 0.99, "≤20 ms (issue 41)")
+	lat(fmt.Sprintf("loss notice, hold %s old, p50 ms (n=%d)", lossAge, l.aged.n), &l.aged.lat, &l.api.lat, nil, 0.5, "≤1000 ms")
+	lat(fmt.Sprintf("loss notice, hold %s old, p99 ms", lossAge), &l.aged.lat, &l.api.lat, nil, 0.99, "≤20 ms (issue 41)")
+}
+
+// lossNotes says what the loss-notice rows measure, and the reasons the
+// broker gave.
+func (e *env) lossNotes(out *strings.Builder) {
+	out.WriteString("# loss notice: session destroyed with a plain Consul call → `lost` on the stream / api.Lock's leaderCh closed;\n")
+	out.WriteString("#   first rows right after the grant (a hold's watch starts 200ms after its grant unless it waits; until then a\n")
+	out.WriteString("#   read-only transaction checks its key every 5 ms), then on holds\n")
+	fmt.Fprintf(out, "#   0-%s old (sample i of n at i/n of it), then %s old.\n", lossAge, lossAge)
+	reasons := slices.Sorted(maps.Keys(e.lossReasons))
+	var rs []string
+	for _, r := range reasons {
+		rs = append(rs, fmt.Sprintf("%s×%d", r, e.lossReasons[r]))
+	}
+	out.WriteString("# broker loss reasons: " + strings.Join(rs, ", ") + "\n")
+}
+
+// TestBenchLossNotice prints the table's loss-notice rows alone (-loss):
+// `go test -count=1 -run TestBenchLossNotice -v ./test/bench/ -args -loss`.
+func TestBenchLossNotice(t *testing.T) {
+	if !*lossOnly {
+		t.Skip("run with -loss")
+	}
+	e := newEnv(t)
+	var out strings.Builder
+	e.header(&out)
+	loss := e.lossRuns(*tableLoss)
+	var tb textTable
+	tb.add("figure", "broker", "consul api", "floor", "broker/api", "broker/floor", "target")
+	loss.rows(func(name string, br, ap, _ *latencies, q float64, target string) {
+		b, a := qOf(br, q), qOf(ap, q)
+		tb.add(name, fmtMs(b), fmtMs(a), "-", ratio(b, a), "-", target)
+	})
+	out.WriteString(tb.String())
+	e.lossNotes(&out)
+	for name, r := range map[string]*run{"api.Lock": loss.api, "fresh": loss.fresh, "spread": loss.spread, "aged": loss.aged} {
+		if r.errs.count() > 0 {
+			fmt.Fprintf(&out, "# ERRORS %s: %s\n", name, r.errs.String())
+		}
+	}
+	fmt.Print(out.String())
+}
+
 // brokerLoss measures Consul session destroy → `lost` on the stream, each
 // sample on a fresh key (the destroyed session's lock-delay blocks the
-// key), destroyed age after the grant.
-func (e *env) brokerLoss(n int, age time.Duration) *run {
+// key), destroyed age(i) after the grant.
+func (e *env) brokerLoss(n int, name string, age func(i int) time.Duration) *run {
 	r := &run{}
 	e.measure(r, true, func() {
 		for i := range n {
 			if r.failed() {
 				return
 			}
-			h, err := e.bd.acquire(fmt.Sprintf("bench/loss/broker/%s/%d", age, i), 0)
+			h, err := e.bd.acquire(fmt.Sprintf("bench/loss/broker/%s/%d", name, i), 0)
 			if err != nil {
 				r.errs.add(err)
 				continue
 			}
-			time.Sleep(age)
+			time.Sleep(age(i))
 			t0 := time.Now()
 			if _, err := e.ac.Session().Destroy(h.seq.GetSessionId(), nil); err != nil {
 				r.errs.add(err)
