@@ -118,7 +118,9 @@ func (h *hold) finishOps(rec *record, st *State, released bool) ([]Op, error) {
 // in one transaction conditioned on the record. It reports whether it
 // did; otherwise the caller finishes the session as usual.
 func (h *hold) recycle(released bool) bool {
-	if h.pooled == nil || h.b.abandoning() {
+	if h.pooled == nil || h.b.abandoning() || h.ticketTried {
+		// (A queue ticket that could not be deleted ends with the
+		// session: see leaveQueue.)
 		return false
 	}
 	ctx, cancel := cleanupContext()

@@ -56,7 +56,7 @@ const (
 // offer opens a slot for the next sleep.
 func (w *waiter) offer() {
 	h := w.h
-	if h.sem || h.spec.Resume != nil {
+	if h.sem || h.spec.Resume != nil || h.ticket == nil {
 		return
 	}
 	s := &handoffSlot{ready: make(chan struct{})}
@@ -88,6 +88,7 @@ func (w *waiter) withdraw() *Sequencer {
 	<-s.ready
 	if s.granted != nil {
 		w.h.handedOver = s
+		w.h.setTicket(nil) // deleted by the hand-off
 	}
 	return s.granted
 }
@@ -126,48 +127,76 @@ func (w *waiter) readyChan() <-chan struct{} {
 	return w.slot.ready
 }
 
-// claimNext claims the slot of the oldest waiter of key on this replica,
-// if that waiter offers one and can take the lock from h.
-func (h *hold) claimNext() (*hold, *handoffSlot) {
+// claimNext claims the slot of the waiter of this replica that heads the
+// key's shared queue, if one does and can take the lock from h. The head
+// is judged on the key's listing as this replica last saw it, which must
+// be no older than the waiter's ticket (older tickets can only have left
+// since: a stale listing never makes a waiter the head wrongly). It
+// returns the listing's state too, which the hand-off's queue ops rest on.
+func (h *hold) claimNext() (*hold, *handoffSlot, *State) {
 	kw := h.sub.kw
 	kw.mu.Lock()
-	var first *sub
+	var st *State
+	if kw.ready {
+		st = deriveState(kw.key, kw.entries, kw.index)
+	}
+	var head *sub
 	for s := range kw.subs {
-		if s.waiting && s != h.sub && (first == nil || s.order < first.order) {
-			first = s
+		if st == nil || !s.waiting || s == h.sub || s.ticket == 0 || s.ticket > st.Index || s.holder == nil {
+			continue
+		}
+		if st.ahead(s.holder.session, s.ticket) == 0 && (head == nil || s.ticket < head.ticket) {
+			head = s
 		}
 	}
 	var slot *handoffSlot
 	var w *hold
-	if first != nil {
-		slot, w = first.slot, first.holder
+	if head != nil {
+		slot, w = head.slot, head.holder
 	}
 	kw.mu.Unlock()
 	if slot == nil || w == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if w.sem || w.tenant != h.tenant || w.session == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	slot.mu.Lock()
 	defer slot.mu.Unlock()
 	if slot.state != slotOpen {
-		return nil, nil
+		return nil, nil, nil
 	}
 	slot.state, slot.announced = slotClaimed, make(chan struct{})
-	return w, slot
+	return w, slot, st
 }
+
+// handoffChain bounds how long a key passes from holder to holder of
+// this replica by direct hand-off without standing free: then a release
+// frees it, and this replica's waiters leave it free for handoffCourtesy
+// before they take it, so that a client of Consul's own (api.Lock,
+// `consul lock`), which cannot join the shared queue, gets its turn.
+var (
+	handoffChain    = time.Second
+	handoffCourtesy = 50 * time.Millisecond
+)
 
 // handOff releases h's lock and grants it to the next waiter in one
 // transaction. It reports whether it did; on false nothing changed and
 // the caller releases as usual. It returns once the new holder has
 // announced the grant (or after announceWait).
 func (h *hold) handOff(ctx context.Context) bool {
-	w, slot := h.claimNext()
+	if time.Since(h.chainStart) >= handoffChain {
+		kw := h.sub.kw
+		kw.mu.Lock()
+		kw.courtesy = time.Now().Add(handoffCourtesy)
+		kw.mu.Unlock()
+		return false
+	}
+	w, slot, st := h.claimNext()
 	if w == nil {
 		return false
 	}
-	if !h.handOffTo(ctx, w, slot) {
+	if !h.handOffTo(ctx, w, slot, st) {
 		return false
 	}
 	slot.awaitAnnounced()
@@ -176,7 +205,7 @@ func (h *hold) handOff(ctx context.Context) bool {
 
 // handOffTo runs the hand-off's transaction, and delivers its grant to
 // the slot w offered (nil when it failed).
-func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot) bool {
+func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot, st *State) bool {
 	var granted *Sequencer
 	defer func() {
 		slot.mu.Lock()
@@ -189,6 +218,7 @@ func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot) bool {
 		return false
 	}
 	key := h.spec.Key
+	ops = append(ops, queueGrantOps(st, w.session, true)...)
 	grant, wnext := w.lockGrantOps()
 	ops = append(ops, grant...)
 	res, err := h.st.Txn(ctx, ops)
@@ -211,6 +241,7 @@ func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot) bool {
 	h.setRecord(next)
 	w.setRecord(wnext)
 	h.b.hub.known.forget(key)
+	w.chainStart = h.chainStart // read by w once slot.ready is closed
 	granted = &Sequencer{Key: key, Session: w.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}
 	return true
 }

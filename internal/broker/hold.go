@@ -32,6 +32,14 @@ type hold struct {
 	unsure bool      // a grant transaction was cut off in flight (see settle)
 	ahead  *heldRead // a resume's reads, started with its renewal (openResumed)
 	guard  *guard    // the session record's index, checked by the sweeper
+	// ticket is the hold's ticket in its lock key's shared queue, once
+	// taken (ticket.go); ticketTried, once a transaction that takes one
+	// was sent (it may have been committed unanswered).
+	ticket      *Entry
+	ticketTried bool
+	// chainStart is when the key last stood free before this grant: a
+	// grant handed over directly inherits its releaser's (handoffChain).
+	chainStart time.Time
 	// handedOver is the hand-off slot whose releaser waits until begin
 	// has announced the grant it delivered (see handOff).
 	handedOver *handoffSlot
@@ -122,6 +130,9 @@ func (b *Broker) begin(ctx context.Context, spec *AcquireSpec, send func(Event) 
 		return nil, err
 	}
 	h.setGrant(seq)
+	if h.chainStart.IsZero() {
+		h.chainStart = time.Now()
+	}
 	b.register(h)
 	if h.owned {
 		h.guard = b.hub.addGuard(recordKey(h.session), h.record().index)

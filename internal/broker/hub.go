@@ -94,6 +94,9 @@ type keyWatch struct {
 	subs    map[*sub]struct{}
 	delays  map[string]time.Duration // lock-delay of holder sessions
 	arrived uint64                   // waiters so far (their order)
+	// courtesy: this replica's waiters leave the key free until then
+	// (handoffChain).
+	courtesy time.Time
 	// published is when the newest listing came (see describe).
 	published time.Time
 }
@@ -120,6 +123,9 @@ type sub struct {
 	// a direct hand-off while it sleeps (see handoff.go). Under kw.mu.
 	holder *hold
 	slot   *handoffSlot
+	// ticket is the CreateIndex of the holder's ticket in the key's shared
+	// queue, 0 without one (ticket.go). Under kw.mu.
+	ticket uint64
 }
 
 // fingerprint summarises a key's entries to tell whether they changed.

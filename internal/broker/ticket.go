@@ -1,0 +1,202 @@
+package broker
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"time"
+)
+
+// The shared queue of a lock key. Waiters of every replica queue in
+// Consul, next to the key, so that the order in which they get it does
+// not depend on which replica each one reached:
+//
+//   - a waiter's ticket is K/.queue/<session>, acquired with its session
+//     (so Consul clears it when the session ends: a dead ticket) and
+//     flagged QueueFlagValue; its CreateIndex, a Raft index, is its place
+//     in the queue. A request that waits again with the same session (a
+//     wait moved to another replica, a client-owned session asking
+//     again) finds its ticket where it was.
+//   - the guard K/.queue exists while any ticket may be live. Every
+//     ticket's creation writes it (check-and-set), and a grant that finds
+//     no live ticket but its own deletes it (check-and-set), so a
+//     newcomer's grant, which checks that the guard does not exist,
+//     fails while a ticket is live: a newcomer never takes a free key
+//     ahead of queued waiters. An uncontended grant pays one check op.
+//   - only the head may take a free key: the oldest live ticket. Tickets
+//     ahead of a waiter only ever leave (a newer ticket has a higher
+//     CreateIndex), so a waiter that once saw itself at the head stays
+//     there, however stale its view.
+//   - a ticket whose waiter is gone with its session still alive (its
+//     replica was killed along with the client) is skipped once the key
+//     has stood free for queueGrace with nobody taking it.
+//
+// Consul's own clients take no ticket; see handoffChain for how they get
+// their turn.
+
+// QueueFlagValue marks the shared queue's entries (the guard and the
+// tickets): "lbqueue" in ASCII, after Consul's own flag values.
+const QueueFlagValue uint64 = 0x006c627175657565
+
+const queueSuffix = "/.queue"
+
+// queueGrace is how long a key may stand free with a live ticket ahead of
+// a waiter before the waiter takes it anyway: the head's replica takes a
+// free key within milliseconds, so a head silent that long is gone.
+var queueGrace = time.Second
+
+// ticketKey is the key of session's ticket in key's queue.
+func ticketKey(key, session string) string { return key + queueSuffix + "/" + session }
+
+// deriveQueue fills the state's queue from its listing.
+func (st *State) deriveQueue() {
+	prefix := st.Key + queueSuffix + "/"
+	for _, e := range st.entries {
+		switch {
+		case e.Flags != QueueFlagValue:
+		case e.Key == st.Key+queueSuffix:
+			st.guard = e
+		case strings.HasPrefix(e.Key, prefix) && !strings.Contains(e.Key[len(prefix):], "/"):
+			st.tickets = append(st.tickets, e)
+		}
+	}
+	sort.Slice(st.tickets, func(i, j int) bool { return st.tickets[i].CreateIndex < st.tickets[j].CreateIndex })
+	for _, t := range st.tickets {
+		if ticketLive(st.Key, t) {
+			st.Waiting++
+		}
+	}
+}
+
+// ticketLive says whether t is held by the session it is named after.
+func ticketLive(key string, t *Entry) bool {
+	return t.Session != "" && t.Key == ticketKey(key, t.Session)
+}
+
+// ahead counts the live tickets older than createIndex, other than
+// session's own.
+func (st *State) ahead(session string, createIndex uint64) int {
+	n := 0
+	for _, t := range st.tickets {
+		if t.CreateIndex < createIndex && t.Session != session && ticketLive(st.Key, t) {
+			n++
+		}
+	}
+	return n
+}
+
+// othersQueued reports whether st shows a live ticket other than session's.
+func (st *State) othersQueued(session string) bool {
+	for _, t := range st.tickets {
+		if t.Session != session && ticketLive(st.Key, t) {
+			return true
+		}
+	}
+	return false
+}
+
+// queueGuardOps are the ops a grant of key to session carries for the
+// queue, as st shows it: for a newcomer (no ticket), that no guard exists,
+// or the removal of a guard left with no live ticket; for a ticket holder,
+// the removal of its ticket, and of the guard when no other ticket is
+// live. Dead tickets go too (a few at a time).
+func queueGrantOps(st *State, session string, ticketed bool) []Op {
+	var ops []Op
+	if ticketed {
+		ops = append(ops, Op{Verb: OpDelete, Key: ticketKey(st.Key, session)})
+	}
+	switch {
+	case st.guard == nil && !ticketed:
+		ops = append(ops, Op{Verb: OpCheckNotExists, Key: st.Key + queueSuffix})
+	case st.guard != nil && !st.othersQueued(session):
+		ops = append(ops, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
+	}
+	return append(ops, deadTicketOps(st, session)...)
+}
+
+// deadTicketOps delete tickets whose session ended, except session's own.
+func deadTicketOps(st *State, session string) []Op {
+	var ops []Op
+	for _, t := range st.tickets {
+		if len(ops) == maxDeadCleanup {
+			break
+		}
+		if t.Session != session && !ticketLive(st.Key, t) {
+			ops = append(ops, Op{Verb: OpDeleteCAS, Key: t.Key, Index: t.ModifyIndex})
+		}
+	}
+	return ops
+}
+
+// enqueue takes the hold's ticket in its key's queue (or finds the one
+// its session has): one transaction that acquires the ticket with the
+// session and writes the guard by check-and-set. It returns errRace when
+// the guard moved under it.
+func (h *hold) enqueue(ctx context.Context, st *State) error {
+	key := h.spec.Key
+	tk := ticketKey(key, h.session)
+	var ops []Op
+	if t := st.entry(tk); t != nil {
+		if t.Flags != QueueFlagValue {
+			return newError(ErrConflict, ReasonForeignFlags, "key %q holds flags %#x, not a queue ticket's (%#x)", tk, t.Flags, QueueFlagValue).withState(st)
+		}
+		ops = append(ops, Op{Verb: OpCheckIndex, Key: tk, Index: t.ModifyIndex})
+	} else {
+		ops = append(ops, Op{Verb: OpCheckNotExists, Key: tk})
+	}
+	guard := Op{Verb: OpCAS, Key: key + queueSuffix, Flags: QueueFlagValue}
+	if st.guard != nil {
+		guard.Index = st.guard.ModifyIndex
+	} else if e := st.child(strings.TrimPrefix(queueSuffix, "/")); e != nil {
+		return newError(ErrConflict, ReasonForeignFlags, "key %q holds flags %#x, not a queue guard's (%#x)", e.Key, e.Flags, QueueFlagValue).withState(st)
+	}
+	ops = append(ops,
+		Op{Verb: OpLock, Key: tk, Value: []byte(h.b.id), Flags: QueueFlagValue, Session: h.session},
+		guard)
+	h.ticketTried = true
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		return h.txnFailure(ctx, err, -1)
+	}
+	h.setTicket(res[len(res)-2])
+	return nil
+}
+
+// leaveQueue deletes the hold's ticket when it gives up waiting. It
+// reports whether the ticket is gone (or never was).
+func (h *hold) leaveQueue() bool {
+	if !h.ticketTried {
+		return true
+	}
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	_, err := h.st.Txn(ctx, []Op{{Verb: OpDelete, Key: ticketKey(h.spec.Key, h.session)}})
+	if err == nil {
+		h.setTicket(nil)
+	}
+	return err == nil
+}
+
+// setTicket records the hold's ticket (nil: it has none any more), where
+// a releaser of this replica can see it (claimNext).
+func (h *hold) setTicket(t *Entry) {
+	h.ticket = t
+	var idx uint64
+	if t != nil {
+		idx = t.CreateIndex
+	} else {
+		h.ticketTried = false
+	}
+	h.sub.kw.mu.Lock()
+	h.sub.ticket = idx
+	h.sub.kw.mu.Unlock()
+}
+
+// position is the hold's place in its key's shared queue as st shows it
+// (1: next), or 0 without a ticket.
+func (h *hold) position(st *State) int {
+	if h.ticket == nil || st == nil {
+		return 0
+	}
+	return st.ahead(h.session, h.ticket.CreateIndex) + 1
+}

@@ -1,0 +1,287 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/broker"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// Issue 40: one queue per key, shared by every replica. These tests run
+// three broker processes on one Consul agent, as a platform team would.
+
+// threeReplicas starts three broker processes on one agent and returns
+// a LockService client for each.
+func threeReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClient) {
+	t.Helper()
+	agent := consultest.Start(t)
+	var cs []lockbrokerv1.LockServiceClient
+	for range 3 {
+		p := brokertest.StartProcess(t, agent)
+		cs = append(cs, lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr)))
+	}
+	return agent, cs
+}
+
+// cycle passes key among n clients of c until stop is closed or bound
+// passes: each waits for the key, holds it for hold, and releases it with
+// its token. It returns how many grants they made.
+func cycle(t *testing.T, c lockbrokerv1.LockServiceClient, key string, limit uint32, n int, hold time.Duration, stop <-chan struct{}, bound time.Duration) func() int {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	grants := 0
+	deadline := time.Now().Add(bound)
+	for i := range n {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				s, err := c.Acquire(ctx, &lockbrokerv1.AcquireRequest{Key: key, Limit: limit, Value: fmt.Appendf(nil, "cycler-%d", i)})
+				if err != nil {
+					cancel()
+					t.Errorf("cycler %d: %v", i, err)
+					return
+				}
+				var seq *lockbrokerv1.Sequencer
+				for seq == nil {
+					ev, err := s.Recv()
+					if err != nil {
+						break
+					}
+					seq = ev.GetAcquired().GetSequencer()
+				}
+				if seq != nil {
+					mu.Lock()
+					grants++
+					mu.Unlock()
+					time.Sleep(hold)
+					_, err = c.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
+					if err != nil {
+						t.Errorf("cycler %d: release: %v", i, err)
+					}
+				}
+				cancel()
+			}
+		})
+	}
+	return func() int {
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return grants
+	}
+}
+
+// A hot key cycled by three clients of replica 1 (hold 5 ms, Release with
+// the token): a waiter on replica 2 gets it within 2 s, for a lock and for
+// a semaphore of limit 2 (four cyclers).
+func TestSharedQueueHotKeyWaiterOnOtherReplica(t *testing.T) {
+	_, cs := threeReplicas(t)
+	for _, tt := range []struct {
+		name    string
+		limit   uint32
+		cyclers int
+	}{
+		{"lock", 0, 3},
+		{"semaphore", 2, 4},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			key := "queue/hot-" + tt.name
+			for round := range 3 {
+				stop := make(chan struct{})
+				done := cycle(t, cs[0], key, tt.limit, tt.cyclers, 5*time.Millisecond, stop, 20*time.Second)
+				time.Sleep(300 * time.Millisecond) // the key is hot
+				start := time.Now()
+				w := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: key, Limit: tt.limit, Value: []byte("other-replica")})
+				ev := w.next(10*time.Second, func(r *lockbrokerv1.AcquireResponse) bool { return r.GetAcquired() != nil })
+				waited := time.Since(start)
+				w.cancel()
+				close(stop)
+				n := done()
+				t.Logf("round %d: the waiter on replica 2 got %s after %s (token %d); replica 1's clients made %d grants",
+					round, key, waited.Round(time.Millisecond), ev.GetAcquired().GetSequencer().GetToken(), n)
+				assert.Less(t, waited, 2*time.Second, "round %d: the waiter on another replica waited too long", round)
+				require.NoError(t, w.end(15*time.Second))
+			}
+		})
+	}
+}
+
+// Thirty waiters arrive 10 ms apart over three replicas (1, 2, 3, 1, ...)
+// behind one holder, and are granted in arrival order: 0 inversions in
+// every repetition. Each waiter hears its place in `queued`.
+func TestSharedQueueArrivalOrderAcrossReplicas(t *testing.T) {
+	_, cs := threeReplicas(t)
+	reps, n := 20, 30
+	if lkRace {
+		reps = 4
+	}
+	for rep := range reps {
+		key := fmt.Sprintf("queue/order-%d", rep)
+		holder := acquire(t, cs[0], &lockbrokerv1.AcquireRequest{Key: key})
+		hseq := holder.acquired(5 * time.Second).GetSequencer()
+		waiters := make([]*stream, n)
+		for i := range n {
+			waiters[i] = acquire(t, cs[i%3], &lockbrokerv1.AcquireRequest{Key: key, Value: fmt.Appendf(nil, "%d", i)})
+			q := waiters[i].next(10*time.Second, isQueued).GetQueued()
+			// Its place: behind every earlier waiter (all still queued).
+			for q.GetPosition() != uint32(i+1) {
+				q = waiters[i].next(5*time.Second, isQueued).GetQueued()
+			}
+		}
+		st := lkGetLock(t, cs[1], key)
+		assert.EqualValues(t, n, st.GetWaiting(), "GetLock's count of waiters")
+		_, err := cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: hseq.GetSessionId(), Token: hseq.GetToken()})
+		require.NoError(t, err)
+		var last uint64
+		for i := range n {
+			seq := waiters[i].acquired(10 * time.Second).GetSequencer()
+			require.Greater(t, seq.GetToken(), last, "rep %d: waiter %d's token does not follow its predecessor's", rep, i)
+			last = seq.GetToken()
+			// The next waiter must not have been granted before this one.
+			if i+1 < n {
+				select {
+				case ev := <-waiters[i+1].events:
+					require.Nil(t, ev.GetAcquired(), "rep %d: waiter %d granted before waiter %d released", rep, i+1, i)
+					if ev.GetAcquired() == nil {
+						// A `queued` update: keep nothing, the order is what counts.
+					}
+				default:
+				}
+			}
+			_, err := cs[i%3].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: seq.GetSessionId(), Token: seq.GetToken()})
+			require.NoError(t, err)
+		}
+		holder.cancel()
+	}
+}
+
+// An api.Lock waiter gets a key that clients of a replica pass among
+// themselves within 3 s: the key stands free at least once a second
+// (handoffChain), for long enough (handoffCourtesy).
+func TestSharedQueueLeavesConsulClientsATurn(t *testing.T) {
+	agent, cs := threeReplicas(t)
+	key := "queue/api-lock"
+	stop := make(chan struct{})
+	done := cycle(t, cs[0], key, 0, 3, 5*time.Millisecond, stop, 30*time.Second)
+	done2 := cycle(t, cs[1], key, 0, 2, 5*time.Millisecond, stop, 30*time.Second)
+	defer func() { close(stop); done(); done2() }()
+	time.Sleep(300 * time.Millisecond)
+	cli, err := api.NewClient(&api.Config{Address: agent.HTTPAddr()})
+	require.NoError(t, err)
+	for round := range 3 {
+		l, err := cli.LockOpts(&api.LockOptions{Key: key, SessionTTL: "10s", LockTryOnce: false})
+		require.NoError(t, err)
+		start := time.Now()
+		stopCh := make(chan struct{})
+		timer := time.AfterFunc(10*time.Second, func() { close(stopCh) })
+		lost, err := l.Lock(stopCh)
+		timer.Stop()
+		waited := time.Since(start)
+		require.NoError(t, err)
+		require.NotNil(t, lost, "round %d: api.Lock did not get the key in 10 s", round)
+		t.Logf("round %d: api.Lock got the key after %s", round, waited.Round(time.Millisecond))
+		assert.Less(t, waited, 3*time.Second, "round %d: api.Lock waited too long", round)
+		time.Sleep(5 * time.Millisecond)
+		require.NoError(t, l.Unlock())
+		_ = l.Destroy()
+	}
+}
+
+// A ticket whose session ended is skipped at once and deleted; a ticket
+// whose session lives on with nobody waiting on it (its replica and client
+// gone) is skipped once the key has stood free for the queue's grace.
+func TestSharedQueueSkipsDeadAndSilentTickets(t *testing.T) {
+	agent, cs := threeReplicas(t)
+	cli, err := api.NewClient(&api.Config{Address: agent.HTTPAddr()})
+	require.NoError(t, err)
+	for _, tt := range []struct {
+		name  string
+		alive bool
+		max   time.Duration
+	}{
+		{"dead", false, 500 * time.Millisecond},
+		{"silent", true, 2500 * time.Millisecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			key := "queue/ghost-" + tt.name
+			holder := acquire(t, cs[0], &lockbrokerv1.AcquireRequest{Key: key})
+			hseq := holder.acquired(5 * time.Second).GetSequencer()
+			// A ticket ahead of every broker waiter, as a waiter of a
+			// replica would have written it.
+			sid, _, err := cli.Session().Create(&api.SessionEntry{TTL: "60s", LockDelay: time.Nanosecond, Behavior: api.SessionBehaviorRelease}, nil)
+			require.NoError(t, err)
+			ok, _, err := cli.KV().Acquire(&api.KVPair{Key: key + "/.queue/" + sid, Value: []byte("gone"), Flags: broker.QueueFlagValue, Session: sid}, nil)
+			require.NoError(t, err)
+			require.True(t, ok)
+			_, err = cli.KV().Put(&api.KVPair{Key: key + "/.queue", Flags: broker.QueueFlagValue}, nil)
+			require.NoError(t, err)
+			if !tt.alive {
+				_, err = cli.Session().Destroy(sid, nil)
+				require.NoError(t, err)
+			} else {
+				t.Cleanup(func() { _, _ = cli.Session().Destroy(sid, nil) })
+			}
+			w := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: key, Value: []byte("waiter")})
+			q := w.next(5*time.Second, isQueued).GetQueued()
+			want := uint32(1)
+			if tt.alive {
+				want = 2
+			}
+			assert.Equal(t, want, q.GetPosition(), "the waiter's place (a dead ticket does not count)")
+			start := time.Now()
+			_, err = cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: hseq.GetSessionId(), Token: hseq.GetToken()})
+			require.NoError(t, err)
+			w.acquired(10 * time.Second)
+			waited := time.Since(start)
+			t.Logf("%s ticket: the waiter got the key %s after the release", tt.name, waited.Round(time.Millisecond))
+			assert.Less(t, waited, tt.max)
+			if !tt.alive {
+				p, _, err := cli.KV().Get(key+"/.queue/"+sid, nil)
+				require.NoError(t, err)
+				assert.Nil(t, p, "the dead ticket was not deleted")
+			}
+			holder.cancel()
+		})
+	}
+}
+
+// A newcomer does not take a free key ahead of a queued waiter: with a
+// ticket in the queue (the guard up), a try-once is refused, and a waiting
+// request queues behind it.
+func TestSharedQueueNewcomerDoesNotJump(t *testing.T) {
+	agent, cs := threeReplicas(t)
+	cli, err := api.NewClient(&api.Config{Address: agent.HTTPAddr()})
+	require.NoError(t, err)
+	key := "queue/newcomer"
+	sid, _, err := cli.Session().Create(&api.SessionEntry{TTL: "60s", Behavior: api.SessionBehaviorRelease}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = cli.Session().Destroy(sid, nil) })
+	ok, _, err := cli.KV().Acquire(&api.KVPair{Key: key + "/.queue/" + sid, Flags: broker.QueueFlagValue, Session: sid}, nil)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = cli.KV().Put(&api.KVPair{Key: key + "/.queue", Flags: broker.QueueFlagValue}, nil)
+	require.NoError(t, err)
+	for i, c := range cs {
+		s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, WaitTimeout: dur(0)})
+		err := s.end(5 * time.Second)
+		require.Error(t, err, "replica %d let a try-once take a free key with a waiter queued", i+1)
+	}
+	p, _, err := cli.KV().Get(key, nil)
+	require.NoError(t, err)
+	assert.Nil(t, p, "the key was written")
+}
