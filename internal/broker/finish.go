@@ -189,11 +189,14 @@ func (h *hold) destroy(ctx context.Context) {
 // A resumed session that could not be re-attached is not ours: nothing is
 // done to it.
 func (h *hold) abandon() {
-	if h.spec.Resume != nil {
+	if h.spec.Resume != nil && !h.resumedWait {
 		return
 	}
 	ctx, cancel := cleanupContext()
 	defer cancel()
+	if h.movable && h.owned && (h.ticketTried || h.sem) && h.movedAway(ctx) {
+		return // the wait goes on elsewhere, in its place
+	}
 	h.settle(ctx)
 	// Destroy first: a contender write the cancelled request left in flight
 	// fails once the session is gone, so the removal below is final.
@@ -218,6 +221,27 @@ func (h *hold) abandon() {
 			return
 		}
 	}
+}
+
+// moveWait bounds how long a wait that ended with its replica (cut off,
+// shutting down) waits for its client to resume it elsewhere before its
+// session is destroyed, which would cost it its place in the queue.
+var moveWait = 5 * time.Second
+
+// movedAway reports whether the hold's wait was resumed on another
+// replica (its record's owner moved) within moveWait.
+func (h *hold) movedAway(ctx context.Context) bool {
+	deadline := time.Now().Add(moveWait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		rec, err := h.b.readRecord(rctx, h.session)
+		cancel()
+		if err == nil && rec.index != 0 && rec.Owner != h.owner {
+			return true
+		}
+		sleep(ctx, 250*time.Millisecond)
+	}
+	return false
 }
 
 // settle undoes a lock grant whose transaction the request stopped waiting

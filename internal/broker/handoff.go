@@ -56,7 +56,7 @@ const (
 // offer opens a slot for the next sleep.
 func (w *waiter) offer() {
 	h := w.h
-	if h.sem || h.spec.Resume != nil || h.ticket == nil {
+	if h.sem || (h.spec.Resume != nil && !h.resumedWait) || h.ticket == nil {
 		return
 	}
 	s := &handoffSlot{ready: make(chan struct{})}

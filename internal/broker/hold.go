@@ -37,6 +37,12 @@ type hold struct {
 	// was sent (it may have been committed unanswered).
 	ticket      *Entry
 	ticketTried bool
+	// resumedWait: the request resumed a wait, and this replica owns its
+	// session now (resumeWait).
+	resumedWait bool
+	// movable: the wait ended because this replica cut off or shut down,
+	// and its client may resume it elsewhere (abandon waits for that).
+	movable bool
 	// chainStart is when the key last stood free before this grant: a
 	// grant handed over directly inherits its releaser's (handoffChain).
 	chainStart time.Time
@@ -118,7 +124,9 @@ func (b *Broker) begin(ctx context.Context, spec *AcquireSpec, send func(Event) 
 	}
 	if err != nil {
 		h.life.End(Outcome{Kind: OutcomeFailed})
-		if r, _ := ReasonOf(err); r == ReasonConsulUnavailable || r == ReasonReplicaCutOff {
+		r, _ := ReasonOf(err)
+		h.movable = r == ReasonReplicaCutOff || r == ReasonBrokerShuttingDown
+		if r == ReasonConsulUnavailable || h.movable {
 			// Consul does not answer here: the client learns it now and
 			// may go to another replica; the cleanup follows (as after a
 			// renewal failure, see keep.go), bounded by cleanupContext.
@@ -301,7 +309,11 @@ func (h *hold) guaranteed() time.Duration {
 
 // obtain waits for the grant (or re-attaches a resumed one).
 func (h *hold) obtain(ctx context.Context) (*Sequencer, bool, error) {
-	if h.spec.Resume != nil {
+	if h.resumingWait() {
+		if err := h.resumeWait(ctx); err != nil {
+			return nil, false, err
+		}
+	} else if h.spec.Resume != nil {
 		seq, err := h.resume(ctx)
 		return seq, true, err
 	}

@@ -53,6 +53,9 @@ type record struct {
 	// that key (a pooled session given a key again): releasing or setting
 	// the value of such a grant needs its token (see tokenRequired).
 	Again map[string]bool `json:"again,omitempty"`
+	// Waiting is the lock key the session waits for with a ticket in its
+	// shared queue (ticket.go), for ListHolds; a grant clears it.
+	Waiting string `json:"waiting,omitempty"`
 
 	session string // the session id (from the key)
 	index   uint64 // the entry's ModifyIndex; 0 when there is no record
@@ -118,6 +121,9 @@ func (r *record) with(key string, again bool) *record {
 	n := r.next()
 	n.Holds[key] = 0
 	n.Since[key] = time.Now().UnixMilli()
+	if n.Waiting == key {
+		n.Waiting = ""
+	}
 	if again {
 		n.Again[key] = true
 	}

@@ -150,22 +150,41 @@ func (h *hold) enqueue(ctx context.Context, st *State) error {
 	} else if e := st.child(strings.TrimPrefix(queueSuffix, "/")); e != nil {
 		return newError(ErrConflict, ReasonForeignFlags, "key %q holds flags %#x, not a queue guard's (%#x)", e.Key, e.Flags, QueueFlagValue).withState(st)
 	}
+	ticketAt := len(ops)
 	ops = append(ops,
 		Op{Verb: OpLock, Key: tk, Value: []byte(h.b.id), Flags: QueueFlagValue, Session: h.session},
 		guard)
+	// A broker-owned session's record goes with it, naming the replica
+	// that owns the wait and the tenant: what a resumed wait is checked
+	// and fenced by (resumeWait).
+	recAt := -1
+	var next *record
+	if h.owned {
+		recAt = len(ops)
+		rec := h.record()
+		next = rec.next()
+		next.Waiting = key
+		ops = append(ops, rec.writeOps(next)...)
+	}
 	h.ticketTried = true
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
-		return h.txnFailure(ctx, err, -1)
+		return h.txnFailure(ctx, err, recAt)
 	}
-	h.setTicket(res[len(res)-2])
+	if next != nil {
+		next.index, next.live = recordWritten(ops, res, h.session), true
+		h.setRecord(next)
+	}
+	h.setTicket(res[ticketAt])
 	return nil
 }
 
 // leaveQueue deletes the hold's ticket when it gives up waiting. It
-// reports whether the ticket is gone (or never was).
+// reports whether the ticket is gone (or never was). A broker-owned
+// session's ticket needs no write of its own: the session is destroyed
+// (abandon), which leaves the ticket dead, and the next grant deletes it.
 func (h *hold) leaveQueue() bool {
-	if !h.ticketTried {
+	if !h.ticketTried || h.owned {
 		return true
 	}
 	ctx, cancel := cleanupContext()
@@ -199,4 +218,72 @@ func (h *hold) position(st *State) int {
 		return 0
 	}
 	return st.ahead(h.session, h.ticket.CreateIndex) + 1
+}
+
+// resumingWait says whether the request resumes a wait (a sequencer with
+// no token: the session's place in the key's queue) rather than a hold.
+func (h *hold) resumingWait() bool {
+	return h.spec.Resume != nil && h.spec.Resume.Token == 0
+}
+
+// resumeWait re-attaches a wait made on another replica (its replica
+// died, drained or was cut off, and the client moved): it checks with
+// consistent reads that the session is broker-owned, the tenant's, and
+// still has its place in the key's queue (a live ticket, or a semaphore's
+// live contender entry), then moves the record's owner to this replica by
+// check-and-set, in one transaction with a check that the place did not
+// move. The old replica's grants are conditioned on the record, so from
+// then on only this replica can grant the session the key. The wait then
+// goes on from that place.
+func (h *hold) resumeWait(ctx context.Context) error {
+	seq := *h.spec.Resume
+	read := h.ahead // openResumed's reads
+	h.ahead = nil
+	for range 5 {
+		if read == nil {
+			read = h.b.startReadHold(ctx, seq.Key, seq.Session)
+		}
+		st, rec, err := read.wait()
+		read = nil
+		if err != nil {
+			return err
+		}
+		if err := rec.allows(h.tenant); err != nil {
+			return err
+		}
+		if rec.index == 0 || !rec.live || rec.Owner == "" {
+			return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no live broker record (it ended, or it is client-owned)", seq.Session).withState(st)
+		}
+		if err := h.conflict(st); err != nil {
+			return err
+		}
+		place := st.entry(ticketKey(seq.Key, seq.Session))
+		if h.sem {
+			place = st.contenders[seq.Session]
+		}
+		if place == nil || place.Session != seq.Session {
+			return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no place in the queue of %q", seq.Session, seq.Key).withState(st)
+		}
+		next := rec.next()
+		h.owner = h.b.id + "/" + newNonce()
+		next.Owner = h.owner
+		ops := append(rec.writeOps(next),
+			Op{Verb: OpCheckIndex, Key: place.Key, Index: place.ModifyIndex},
+			Op{Verb: OpCheckSession, Key: place.Key, Session: seq.Session})
+		res, err := h.st.Txn(ctx, ops)
+		if te := asTxnError(err); te != nil {
+			if te.Has(TxnSessionInvalid) {
+				return sessionError(ErrSessionNotFound, seq.Session)
+			}
+			continue // something moved: check again
+		}
+		if err != nil {
+			return err
+		}
+		next.index, next.live = recordWritten(ops, res, seq.Session), true
+		h.setRecord(next)
+		h.resumedWait = true
+		return nil
+	}
+	return newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing while resuming the wait; retry", seq.Key)
 }

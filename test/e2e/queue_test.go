@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockbroker/lockbroker/client"
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
@@ -284,4 +285,87 @@ func TestSharedQueueNewcomerDoesNotJump(t *testing.T) {
 	p, _, err := cli.KV().Get(key, nil)
 	require.NoError(t, err)
 	assert.Nil(t, p, "the key was written")
+}
+
+// A waiter of the Go library whose replica is SIGKILLed moves to the next
+// replica with its session and keeps its place: it is granted before the
+// waiters that queued after it.
+func TestSharedQueueMovedWaitKeepsItsPlace(t *testing.T) {
+	agent := consultest.Start(t)
+	p1 := brokertest.StartProcess(t, agent)
+	p2 := brokertest.StartProcess(t, agent)
+	p3 := brokertest.StartProcess(t, agent)
+	conn1, conn2, conn3 := lkDial(t, p1.Addr), lkDial(t, p2.Addr), lkDial(t, p3.Addr)
+	c2, c3 := lockbrokerv1.NewLockServiceClient(conn2), lockbrokerv1.NewLockServiceClient(conn3)
+	cli, err := api.NewClient(&api.Config{Address: agent.HTTPAddr()})
+	require.NoError(t, err)
+	key := "queue/moved"
+
+	holder := acquire(t, c3, &lockbrokerv1.AcquireRequest{Key: key})
+	hseq := holder.acquired(5 * time.Second).GetSequencer()
+
+	lib := client.New(conn1, client.WithReplicas(conn2, conn3))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type result struct {
+		lease *client.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := lib.Lock(ctx, key, client.WithValue([]byte("moved")))
+		got <- result{l, err}
+	}()
+	var ticket *api.KVPair
+	require.Eventually(t, func() bool {
+		ps, _, err := cli.KV().List(key+"/.queue/", nil)
+		if err != nil || len(ps) != 1 {
+			return false
+		}
+		ticket = ps[0]
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "the library's wait took no ticket")
+
+	later := []*stream{
+		acquire(t, c2, &lockbrokerv1.AcquireRequest{Key: key, Value: []byte("later-1")}),
+		acquire(t, c3, &lockbrokerv1.AcquireRequest{Key: key, Value: []byte("later-2")}),
+	}
+	for i, s := range later {
+		q := s.next(10*time.Second, isQueued).GetQueued()
+		for q.GetPosition() != uint32(i+2) {
+			q = s.next(5*time.Second, isQueued).GetQueued()
+		}
+	}
+
+	p1.Kill()
+	// The wait moves: its ticket, same session and place, is written
+	// again by the replica that took the wait over.
+	require.Eventually(t, func() bool {
+		p, _, err := cli.KV().Get(ticket.Key, nil)
+		return err == nil && p != nil && p.Session == ticket.Session && string(p.Value) != string(ticket.Value)
+	}, 10*time.Second, 10*time.Millisecond, "the wait did not move with its ticket")
+	p, _, err := cli.KV().Get(ticket.Key, nil)
+	require.NoError(t, err)
+	assert.Equal(t, ticket.CreateIndex, p.CreateIndex, "the moved wait's ticket lost its place")
+
+	_, err = c3.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: hseq.GetSessionId(), Token: hseq.GetToken()})
+	require.NoError(t, err)
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the moved wait was not granted")
+	}
+	require.NoError(t, r.err)
+	for _, s := range later {
+		select {
+		case ev := <-s.events:
+			require.Nil(t, ev.GetAcquired(), "a later waiter was granted before the moved one")
+		default:
+		}
+	}
+	assert.Equal(t, ticket.Session, r.lease.Sequencer().GetSessionId(), "the moved wait was granted on another session")
+	require.NoError(t, r.lease.Release(lkCtx(t)))
+	first := later[0].acquired(10 * time.Second).GetSequencer()
+	assert.Greater(t, first.GetToken(), r.lease.Sequencer().GetToken())
 }
