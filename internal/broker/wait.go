@@ -97,7 +97,11 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		if !h.sem && h.ticket == nil && st != nil && !h.tryOnce() {
 			// Busy, or free with waiters queued: take a ticket.
 			if err := h.enqueue(ctx, st); errors.Is(err, errRace) {
-				st = nil
+				// The guard (or the ticket) moved: read the queue again.
+				if st, err = h.b.readState(ctx, h.spec.Key); err != nil {
+					return nil, err
+				}
+				w.fresh = true
 				continue
 			} else if err != nil {
 				return nil, err

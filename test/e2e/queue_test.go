@@ -34,6 +34,30 @@ func threeReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceC
 	return agent, cs
 }
 
+// awaitPosition waits until waiting stream s hears that its place in the
+// key's queue is want.
+func awaitPosition(t *testing.T, s *stream, want uint32) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	var seen []uint32
+	for time.Now().Before(deadline) {
+		select {
+		case ev, ok := <-s.events:
+			if !ok {
+				t.Fatalf("the stream ended while waiting to be number %d (heard %v)", want, seen)
+			}
+			if q := ev.GetQueued(); q != nil {
+				seen = append(seen, q.GetPosition())
+				if q.GetPosition() == want {
+					return
+				}
+			}
+		case <-time.After(time.Until(deadline)):
+		}
+	}
+	t.Fatalf("the waiter never heard it is number %d in the queue (heard %v)", want, seen)
+}
+
 // cycle passes key among n clients of c until stop is closed or bound
 // passes: each waits for the key, holds it for hold, and releases it with
 // its token. It returns how many grants they made.
@@ -116,7 +140,6 @@ func TestSharedQueueHotKeyWaiterOnOtherReplica(t *testing.T) {
 				t.Logf("round %d: the waiter on replica 2 got %s after %s (token %d); replica 1's clients made %d grants",
 					round, key, waited.Round(time.Millisecond), ev.GetAcquired().GetSequencer().GetToken(), n)
 				assert.Less(t, waited, 2*time.Second, "round %d: the waiter on another replica waited too long", round)
-				require.NoError(t, w.end(15*time.Second))
 			}
 		})
 	}
@@ -138,11 +161,8 @@ func TestSharedQueueArrivalOrderAcrossReplicas(t *testing.T) {
 		waiters := make([]*stream, n)
 		for i := range n {
 			waiters[i] = acquire(t, cs[i%3], &lockbrokerv1.AcquireRequest{Key: key, Value: fmt.Appendf(nil, "%d", i)})
-			q := waiters[i].next(10*time.Second, isQueued).GetQueued()
 			// Its place: behind every earlier waiter (all still queued).
-			for q.GetPosition() != uint32(i+1) {
-				q = waiters[i].next(5*time.Second, isQueued).GetQueued()
-			}
+			awaitPosition(t, waiters[i], uint32(i+1))
 		}
 		st := lkGetLock(t, cs[1], key)
 		assert.EqualValues(t, n, st.GetWaiting(), "GetLock's count of waiters")
@@ -326,15 +346,11 @@ func TestSharedQueueMovedWaitKeepsItsPlace(t *testing.T) {
 		return true
 	}, 10*time.Second, 10*time.Millisecond, "the library's wait took no ticket")
 
-	later := []*stream{
-		acquire(t, c2, &lockbrokerv1.AcquireRequest{Key: key, Value: []byte("later-1")}),
-		acquire(t, c3, &lockbrokerv1.AcquireRequest{Key: key, Value: []byte("later-2")}),
-	}
-	for i, s := range later {
-		q := s.next(10*time.Second, isQueued).GetQueued()
-		for q.GetPosition() != uint32(i+2) {
-			q = s.next(5*time.Second, isQueued).GetQueued()
-		}
+	var later []*stream
+	for i, c := range []lockbrokerv1.LockServiceClient{c2, c3} {
+		s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Value: fmt.Appendf(nil, "later-%d", i)})
+		awaitPosition(t, s, uint32(i+2))
+		later = append(later, s)
 	}
 
 	p1.Kill()
