@@ -88,7 +88,7 @@ func (w *waiter) withdraw() *Sequencer {
 	<-s.ready
 	if s.granted != nil {
 		w.h.handedOver = s
-		w.h.setTicket(nil) // deleted by the hand-off
+		w.h.setTicket(nil, nil) // deleted by the hand-off
 	}
 	return s.granted
 }
@@ -130,10 +130,11 @@ func (w *waiter) readyChan() <-chan struct{} {
 // claimNext claims the slot of the waiter of this replica that heads the
 // key's shared queue, if one does and can take the lock from h. The head
 // is judged on the key's listing as this replica last saw it, which must
-// be no older than the waiter's ticket (older tickets can only have left
-// since: a stale listing never makes a waiter the head wrongly). It
-// returns the listing's state too, which the hand-off's queue ops rest on.
-func (h *hold) claimNext() (*hold, *handoffSlot, *State) {
+// tells which of the tickets ahead of the waiter's (known since it took
+// its ticket: they only ever leave) have left; a listing older than one
+// of them tells nothing of it, and a stale listing never makes a waiter
+// the head wrongly.
+func (h *hold) claimNext() (*hold, *handoffSlot, []Op) {
 	kw := h.sub.kw
 	kw.mu.Lock()
 	var st *State
@@ -142,17 +143,19 @@ func (h *hold) claimNext() (*hold, *handoffSlot, *State) {
 	}
 	var head *sub
 	for s := range kw.subs {
-		if st == nil || !s.waiting || s == h.sub || s.ticket == 0 || s.ticket > st.Index || s.holder == nil {
+		if !s.waiting || s == h.sub || s.ticket == 0 || s.holder == nil {
 			continue
 		}
-		if st.ahead(s.holder.session, s.ticket) == 0 && (head == nil || s.ticket < head.ticket) {
+		if s.pruneAhead(st) == 0 && (head == nil || s.ticket < head.ticket) {
 			head = s
 		}
 	}
 	var slot *handoffSlot
 	var w *hold
+	var ops []Op
 	if head != nil {
 		slot, w = head.slot, head.holder
+		ops = handOffQueueOps(kw.key, st, w.session, head.ticket)
 	}
 	kw.mu.Unlock()
 	if slot == nil || w == nil {
@@ -167,7 +170,7 @@ func (h *hold) claimNext() (*hold, *handoffSlot, *State) {
 		return nil, nil, nil
 	}
 	slot.state, slot.announced = slotClaimed, make(chan struct{})
-	return w, slot, st
+	return w, slot, ops
 }
 
 // handoffChain bounds how long a key passes from holder to holder of
@@ -192,11 +195,11 @@ func (h *hold) handOff(ctx context.Context) bool {
 		kw.mu.Unlock()
 		return false
 	}
-	w, slot, st := h.claimNext()
+	w, slot, queueOps := h.claimNext()
 	if w == nil {
 		return false
 	}
-	if !h.handOffTo(ctx, w, slot, st) {
+	if !h.handOffTo(ctx, w, slot, queueOps) {
 		return false
 	}
 	slot.awaitAnnounced()
@@ -205,7 +208,7 @@ func (h *hold) handOff(ctx context.Context) bool {
 
 // handOffTo runs the hand-off's transaction, and delivers its grant to
 // the slot w offered (nil when it failed).
-func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot, st *State) bool {
+func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot, queueOps []Op) bool {
 	var granted *Sequencer
 	defer func() {
 		slot.mu.Lock()
@@ -218,7 +221,7 @@ func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot, st *St
 		return false
 	}
 	key := h.spec.Key
-	ops = append(ops, queueGrantOps(st, w.session, true)...)
+	ops = append(ops, queueOps...)
 	grant, wnext := w.lockGrantOps()
 	ops = append(ops, grant...)
 	res, err := h.st.Txn(ctx, ops)

@@ -124,8 +124,10 @@ type sub struct {
 	holder *hold
 	slot   *handoffSlot
 	// ticket is the CreateIndex of the holder's ticket in the key's shared
-	// queue, 0 without one (ticket.go). Under kw.mu.
+	// queue, 0 without one, and ahead the live tickets ahead of it as far
+	// as this replica knows (ticket.go). Under kw.mu.
 	ticket uint64
+	ahead  []*Entry
 }
 
 // fingerprint summarises a key's entries to tell whether they changed.

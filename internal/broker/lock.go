@@ -69,7 +69,7 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 	h.setRecord(next)
 	h.b.hub.known.forget(key)
 	if h.ticket != nil {
-		h.setTicket(nil) // deleted by the grant
+		h.setTicket(nil, nil) // deleted by the grant
 	}
 	h.chainStart = time.Now()
 	return &Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}, nil

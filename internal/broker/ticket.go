@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -73,18 +74,6 @@ func ticketLive(key string, t *Entry) bool {
 	return t.Session != "" && t.Key == ticketKey(key, t.Session)
 }
 
-// ahead counts the live tickets older than createIndex, other than
-// session's own.
-func (st *State) ahead(session string, createIndex uint64) int {
-	n := 0
-	for _, t := range st.tickets {
-		if t.CreateIndex < createIndex && t.Session != session && ticketLive(st.Key, t) {
-			n++
-		}
-	}
-	return n
-}
-
 // othersQueued reports whether st shows a live ticket other than session's.
 func (st *State) othersQueued(session string) bool {
 	for _, t := range st.tickets {
@@ -112,6 +101,21 @@ func queueGrantOps(st *State, session string, ticketed bool) []Op {
 		ops = append(ops, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
 	}
 	return append(ops, deadTicketOps(st, session)...)
+}
+
+// handOffQueueOps are the queue ops of a direct hand-off to session,
+// whose ticket was made at ticket: the removal of its ticket, and of the
+// guard when st (the releaser's listing, nil when it has none) shows no
+// other live ticket and is no older than that ticket. A ticket newer than
+// st moves the guard and fails the hand-off (the release then goes as
+// usual); with an older listing the guard stays, and the next grant that
+// finds no live ticket removes it.
+func handOffQueueOps(key string, st *State, session string, ticket uint64) []Op {
+	ops := []Op{{Verb: OpDelete, Key: ticketKey(key, session)}}
+	if st != nil && st.guard != nil && st.Index >= ticket && !st.othersQueued(session) {
+		ops = append(ops, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
+	}
+	return ops
 }
 
 // deadTicketOps delete tickets whose session ended, except session's own.
@@ -175,7 +179,16 @@ func (h *hold) enqueue(ctx context.Context, st *State) error {
 		next.index, next.live = recordWritten(ops, res, h.session), true
 		h.setRecord(next)
 	}
-	h.setTicket(res[ticketAt])
+	// The guard's check-and-set proves that no ticket was made since st:
+	// the tickets ahead of this one are among st's, and only ever leave.
+	t := res[ticketAt]
+	var ahead []*Entry
+	for _, o := range st.tickets {
+		if o.CreateIndex < t.CreateIndex && o.Session != h.session && ticketLive(key, o) {
+			ahead = append(ahead, o)
+		}
+	}
+	h.setTicket(t, ahead)
 	return nil
 }
 
@@ -191,14 +204,16 @@ func (h *hold) leaveQueue() bool {
 	defer cancel()
 	_, err := h.st.Txn(ctx, []Op{{Verb: OpDelete, Key: ticketKey(h.spec.Key, h.session)}})
 	if err == nil {
-		h.setTicket(nil)
+		h.setTicket(nil, nil)
 	}
 	return err == nil
 }
 
-// setTicket records the hold's ticket (nil: it has none any more), where
-// a releaser of this replica can see it (claimNext).
-func (h *hold) setTicket(t *Entry) {
+// setTicket records the hold's ticket and the tickets ahead of it (nil:
+// it has none any more), where a releaser of this replica can see them
+// (claimNext). A ticket that leaves leaves every local waiter's ahead.
+func (h *hold) setTicket(t *Entry, ahead []*Entry) {
+	old := h.ticket
 	h.ticket = t
 	var idx uint64
 	if t != nil {
@@ -206,18 +221,49 @@ func (h *hold) setTicket(t *Entry) {
 	} else {
 		h.ticketTried = false
 	}
-	h.sub.kw.mu.Lock()
-	h.sub.ticket = idx
-	h.sub.kw.mu.Unlock()
+	kw := h.sub.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	h.sub.ticket, h.sub.ahead = idx, ahead
+	if t == nil && old != nil {
+		for o := range kw.subs {
+			o.ahead = slices.DeleteFunc(o.ahead, func(e *Entry) bool { return e.Key == old.Key && e.CreateIndex == old.CreateIndex })
+		}
+	}
 }
 
-// position is the hold's place in its key's shared queue as st shows it
-// (1: next), or 0 without a ticket.
+// pruneAhead drops from the subscriber's tickets ahead those st shows
+// gone or dead (st is trusted only for tickets no newer than itself), and
+// returns how many are left. kw.mu is held.
+func (s *sub) pruneAhead(st *State) int {
+	if st != nil {
+		s.ahead = slices.DeleteFunc(s.ahead, func(t *Entry) bool {
+			if st.Index < t.CreateIndex {
+				return false
+			}
+			e := st.entry(t.Key)
+			return e == nil || e.CreateIndex != t.CreateIndex || !ticketLive(st.Key, e)
+		})
+	}
+	return len(s.ahead)
+}
+
+// aheadOf is how many live tickets are ahead of the hold's in its key's
+// queue, as far as st and this replica know.
+func (h *hold) aheadOf(st *State) int {
+	kw := h.sub.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	return h.sub.pruneAhead(st)
+}
+
+// position is the hold's place in its key's shared queue (1: next), or 0
+// without a ticket.
 func (h *hold) position(st *State) int {
-	if h.ticket == nil || st == nil {
+	if h.ticket == nil {
 		return 0
 	}
-	return st.ahead(h.session, h.ticket.CreateIndex) + 1
+	return h.aheadOf(st) + 1
 }
 
 // resumingWait says whether the request resumes a wait (a sequencer with

@@ -377,6 +377,13 @@ func (w *waiter) report(ctx context.Context, st *State, delayLeft time.Duration)
 	pos := h.position(st)
 	if h.sem {
 		pos = h.semPosition(st)
+	} else if h.ticket != nil {
+		if e := st.entry(h.ticket.Key); e == nil || e.Session != h.session {
+			// A listing from before the ticket: count it all the same.
+			cp := *st
+			cp.Waiting++
+			st = &cp
+		}
 	}
 	if w.queued != nil && sameHolders(st, w.queued) && delayLeft == 0 && pos == w.position && st.Waiting == w.queued.Waiting {
 		return nil
@@ -412,7 +419,7 @@ func (w *waiter) turn(st *State) bool {
 	if h.ticket == nil {
 		return !st.othersQueued(h.session)
 	}
-	if st.ahead(h.session, h.ticket.CreateIndex) == 0 {
+	if h.aheadOf(st) == 0 {
 		return true
 	}
 	if w.freeSince.IsZero() {
