@@ -140,6 +140,7 @@ func (h *hold) claimNext() (*hold, *handoffSlot, []Op) {
 	var st *State
 	if kw.ready {
 		st = deriveState(kw.key, kw.entries, kw.index)
+		st.partial = kw.own
 	}
 	var head *sub
 	for s := range kw.subs {

@@ -97,6 +97,8 @@ type keyWatch struct {
 	// courtesy: this replica's waiters leave the key free until then
 	// (handoffChain).
 	courtesy time.Time
+	// own: the listing is this replica's own write alone (publishOwn).
+	own bool
 	// published is when the newest listing came (see describe).
 	published time.Time
 }
@@ -254,7 +256,7 @@ func (kw *keyWatch) publish(entries []*Entry, index uint64) {
 		return // older than what we have (a slow read raced a newer one)
 	}
 	first := !kw.ready
-	kw.entries, kw.index, kw.ready, kw.stale = entries, index, true, false
+	kw.entries, kw.index, kw.ready, kw.stale, kw.own = entries, index, true, false, false
 	kw.published = time.Now()
 	fp := fingerprintOf(entries)
 	for s := range kw.subs {

@@ -44,6 +44,9 @@ type State struct {
 	// oldest first.
 	guard   *Entry
 	tickets []*Entry
+	// partial: the state was made from this replica's own write alone (see
+	// known.go), not from a listing: it tells nothing of the queue.
+	partial bool
 
 	// lock is the lock entry (KindLock, KindForeign).
 	lock *Entry

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -19,7 +20,8 @@ import (
 //     wait moved to another replica, a client-owned session asking
 //     again) finds its ticket where it was.
 //   - the guard K/.queue exists while any ticket may be live. Every
-//     ticket's creation writes it (check-and-set), and a grant that finds
+//     ticket's creation writes it (check-and-set, its value the index it
+//     replaces, so that every write moves its index), and a grant that finds
 //     no live ticket but its own deletes it (check-and-set), so a
 //     newcomer's grant, which checks that the guard does not exist,
 //     fails while a ticket is live: a newcomer never takes a free key
@@ -112,7 +114,7 @@ func queueGrantOps(st *State, session string, ticketed bool) []Op {
 // finds no live ticket removes it.
 func handOffQueueOps(key string, st *State, session string, ticket uint64) []Op {
 	ops := []Op{{Verb: OpDelete, Key: ticketKey(key, session)}}
-	if st != nil && st.guard != nil && st.Index >= ticket && !st.othersQueued(session) {
+	if st != nil && !st.partial && st.guard != nil && st.Index >= ticket && !st.othersQueued(session) {
 		ops = append(ops, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
 	}
 	return ops
@@ -148,9 +150,12 @@ func (h *hold) enqueue(ctx context.Context, st *State) error {
 	} else {
 		ops = append(ops, Op{Verb: OpCheckNotExists, Key: tk})
 	}
-	guard := Op{Verb: OpCAS, Key: key + queueSuffix, Flags: QueueFlagValue}
+	// The guard's value is the index it replaces: Consul skips a write that
+	// changes nothing (its ModifyIndex would stay, and prove nothing).
+	guard := Op{Verb: OpCAS, Key: key + queueSuffix, Flags: QueueFlagValue, Value: []byte("0")}
 	if st.guard != nil {
 		guard.Index = st.guard.ModifyIndex
+		guard.Value = strconv.AppendUint(nil, st.guard.ModifyIndex, 10)
 	} else if e := st.child(strings.TrimPrefix(queueSuffix, "/")); e != nil {
 		return newError(ErrConflict, ReasonForeignFlags, "key %q holds flags %#x, not a queue guard's (%#x)", e.Key, e.Flags, QueueFlagValue).withState(st)
 	}
@@ -236,7 +241,7 @@ func (h *hold) setTicket(t *Entry, ahead []*Entry) {
 // gone or dead (st is trusted only for tickets no newer than itself), and
 // returns how many are left. kw.mu is held.
 func (s *sub) pruneAhead(st *State) int {
-	if st != nil {
+	if st != nil && !st.partial {
 		s.ahead = slices.DeleteFunc(s.ahead, func(t *Entry) bool {
 			if st.Index < t.CreateIndex {
 				return false

@@ -34,6 +34,8 @@ func threeReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceC
 	return agent, cs
 }
 
+var queueDump func()
+
 // awaitPosition waits until waiting stream s hears that its place in the
 // key's queue is want.
 func awaitPosition(t *testing.T, s *stream, want uint32) {
@@ -54,6 +56,9 @@ func awaitPosition(t *testing.T, s *stream, want uint32) {
 			}
 		case <-time.After(time.Until(deadline)):
 		}
+	}
+	if queueDump != nil {
+		queueDump()
 	}
 	t.Fatalf("the waiter never heard it is number %d in the queue (heard %v)", want, seen)
 }
@@ -149,13 +154,29 @@ func TestSharedQueueHotKeyWaiterOnOtherReplica(t *testing.T) {
 // behind one holder, and are granted in arrival order: 0 inversions in
 // every repetition. Each waiter hears its place in `queued`.
 func TestSharedQueueArrivalOrderAcrossReplicas(t *testing.T) {
-	_, cs := threeReplicas(t)
+	agent := consultest.Start(t)
+	var cs []lockbrokerv1.LockServiceClient
+	var admin lockbrokerv1.AdminServiceClient
+	for i := range 3 {
+		conn := lkDial(t, brokertest.StartProcess(t, agent).Addr)
+		cs = append(cs, lockbrokerv1.NewLockServiceClient(conn))
+		if i == 1 {
+			admin = lockbrokerv1.NewAdminServiceClient(conn)
+		}
+	}
 	reps, n := 20, 30
 	if lkRace {
 		reps = 4
 	}
+	cli, _ := api.NewClient(&api.Config{Address: agent.HTTPAddr()})
 	for rep := range reps {
 		key := fmt.Sprintf("queue/order-%d", rep)
+		queueDump = func() {
+			ps, _, _ := cli.KV().List(key, nil)
+			for _, p := range ps {
+				t.Logf("DEBUG %s session=%s create=%d modify=%d", p.Key, p.Session, p.CreateIndex, p.ModifyIndex)
+			}
+		}
 		holder := acquire(t, cs[0], &lockbrokerv1.AcquireRequest{Key: key})
 		hseq := holder.acquired(5 * time.Second).GetSequencer()
 		waiters := make([]*stream, n)
@@ -166,6 +187,10 @@ func TestSharedQueueArrivalOrderAcrossReplicas(t *testing.T) {
 		}
 		st := lkGetLock(t, cs[1], key)
 		assert.EqualValues(t, n, st.GetWaiting(), "GetLock's count of waiters")
+		if rep == 0 {
+			checkQueueListed(t, admin, key, waiters)
+			checkWatchCountsWaiters(t, cs[2], key, n)
+		}
 		_, err := cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: hseq.GetSessionId(), Token: hseq.GetToken()})
 		require.NoError(t, err)
 		var last uint64
@@ -188,6 +213,48 @@ func TestSharedQueueArrivalOrderAcrossReplicas(t *testing.T) {
 			require.NoError(t, err)
 		}
 		holder.cancel()
+	}
+}
+
+// checkQueueListed checks that AdminService.ListHolds lists the key's
+// holder, then every waiter of the three replicas in queue order, each
+// with its place and its replica (waiter i queued on replica i%3).
+func checkQueueListed(t *testing.T, admin lockbrokerv1.AdminServiceClient, key string, waiters []*stream) {
+	t.Helper()
+	resp, err := admin.ListHolds(lkCtx(t), &lockbrokerv1.ListHoldsRequest{KeyPrefix: key})
+	require.NoError(t, err)
+	var listed []*lockbrokerv1.HoldInfo
+	for _, h := range resp.GetHolds() {
+		if h.GetKey() == key && h.GetWaiting() {
+			listed = append(listed, h)
+		}
+	}
+	require.Len(t, listed, len(waiters), "ListHolds lists every replica's waiters")
+	replicas := map[string]bool{}
+	for i, h := range listed {
+		assert.EqualValues(t, i+1, h.GetPosition(), "waiter %d's place", i)
+		assert.NotEmpty(t, h.GetReplica(), "waiter %d's replica", i)
+		replicas[h.GetReplica()] = true
+		if i >= 3 {
+			assert.Equal(t, listed[i-3].GetReplica(), h.GetReplica(), "waiters %d and %d queued on one replica", i-3, i)
+		}
+	}
+	assert.Len(t, replicas, 3, "the waiters are on three replicas")
+}
+
+// checkWatchCountsWaiters checks that a Watch of key says n requests wait.
+func checkWatchCountsWaiters(t *testing.T, c lockbrokerv1.LockServiceClient, key string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	w, err := c.Watch(ctx, &lockbrokerv1.WatchRequest{Key: key})
+	require.NoError(t, err)
+	for {
+		resp, err := w.Recv()
+		require.NoError(t, err, "no Watch state counted %d waiters", n)
+		if resp.GetState().GetWaiting() == uint32(n) {
+			return
+		}
 	}
 }
 
