@@ -203,6 +203,9 @@ func (h *hold) abandon() {
 	if h.owned {
 		h.destroy(ctx)
 		h.dropDeadRecord(ctx)
+		if h.ticketTried && !h.sem {
+			h.b.tidyQueue(h.st, h.spec.Key) // its ticket is dead now
+		}
 	}
 	if !h.sem || h.session == "" {
 		return

@@ -197,14 +197,18 @@ func (h *hold) enqueue(ctx context.Context, st *State) error {
 	return nil
 }
 
-// leaveQueue deletes the hold's ticket when it gives up waiting. It
-// reports whether the ticket is gone (or never was). A broker-owned
-// session's ticket needs no write of its own: the session is destroyed
-// (abandon), which leaves the ticket dead, and the next grant deletes it.
+// leaveQueue deletes the hold's ticket when it gives up waiting (a
+// broker-owned session's too: its session may be kept, for a wait that
+// moves, or pooled), then tidies the queue if this replica's view shows
+// no other live ticket. It reports whether the ticket is gone.
 func (h *hold) leaveQueue() bool {
-	if !h.ticketTried || h.owned {
+	if !h.ticketTried {
 		return true
 	}
+	if h.movable && h.owned {
+		return true // the wait may go on elsewhere, in its place (movedAway)
+	}
+	defer h.tidyAfter()
 	ctx, cancel := cleanupContext()
 	defer cancel()
 	_, err := h.st.Txn(ctx, []Op{{Verb: OpDelete, Key: ticketKey(h.spec.Key, h.session)}})
@@ -337,4 +341,51 @@ func (h *hold) resumeWait(ctx context.Context) error {
 		return nil
 	}
 	return newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing while resuming the wait; retry", seq.Key)
+}
+
+// tidyAfter tidies the key's queue in the background when this replica's
+// view of it (no read) shows a guard or tickets with no live ticket but
+// the hold's own: what the last waiter leaves, and dead tickets of waiters
+// whose sessions ended, go. An uncontended key has neither, and costs
+// nothing.
+func (h *hold) tidyAfter() {
+	if h.sem || h.sub == nil {
+		return
+	}
+	st, _ := h.sub.state()
+	if st == nil || st.partial || (st.guard == nil && len(st.tickets) == 0) || st.othersQueued(h.session) {
+		return
+	}
+	b, store, key := h.b, h.st, h.spec.Key
+	b.holds.Add(1)
+	go func() {
+		defer b.holds.Done()
+		b.tidyQueue(store, key)
+	}()
+}
+
+// tidyQueue removes what key's shared queue left behind: dead tickets,
+// and the guard once no ticket is live. One consistent read, then
+// check-and-set deletes (a ticket taken meanwhile moves the guard and
+// fails them). Best effort, bounded.
+func (b *Broker) tidyQueue(store Store, key string) {
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	for attempt := range 3 {
+		backoff(ctx, attempt)
+		st, err := b.readState(ctx, key)
+		if err != nil {
+			return
+		}
+		ops := deadTicketOps(st, "")
+		if st.guard != nil && st.Waiting == 0 {
+			ops = append(ops, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
+		}
+		if len(ops) == 0 {
+			return
+		}
+		if _, err := store.Txn(ctx, ops); asTxnError(err) == nil {
+			return
+		}
+	}
 }

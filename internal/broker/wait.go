@@ -47,7 +47,7 @@ const QueuedHeartbeat = 2 * time.Second
 // wait is the waiting loop: attempt, and when busy, report who is in the
 // way and sleep until the key changes (the shared watch), the lock-delay
 // ends, or the wait times out.
-func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
+func (h *hold) wait(ctx context.Context) (_ *Sequencer, err error) {
 	var timeout <-chan time.Time
 	if !h.spec.WaitForever && h.spec.Wait > 0 {
 		t := time.NewTimer(h.spec.Wait)
@@ -74,6 +74,8 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		// came. A lock's grantee fills the only slot: the next change of
 		// the key wakes its waiters.
 		h.sub.setWaiting(false, !granted || h.sem)
+		r, _ := ReasonOf(err)
+		h.movable = r == ReasonReplicaCutOff || r == ReasonBrokerShuttingDown
 		if !granted && h.ticketTried && !h.leaveQueue() {
 			h.b.log.Debug("cannot delete a queue ticket; the session ends with it", zap.String("key", h.spec.Key))
 		}
@@ -407,7 +409,14 @@ func (w *waiter) turn(st *State) bool {
 		return true
 	}
 	if h.sem {
-		return h.sub.rank() < int(h.limit)-len(st.Holders)
+		// The shared order (the contender entries' CreateIndex) decides,
+		// as the attempt does (trySemaphore): a local order that
+		// disagreed would leave two waiters each waiting for the other.
+		free := int(h.limit) - len(st.Holders)
+		if _, ok := st.contenders[h.session]; ok {
+			return h.semPosition(st)-1 < free
+		}
+		return h.sub.rank() < free
 	}
 	if len(st.Holders) > 0 {
 		w.freeSince = time.Time{}
