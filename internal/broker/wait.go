@@ -94,7 +94,7 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 				continue
 			}
 		}
-		if !h.sem && h.ticket == nil && st != nil && !h.tryOnce() {
+		if !h.sem && h.ticket == nil && st != nil && !h.tryOnce() && !mutantNoSharedQueue {
 			// Busy, or free with waiters queued: take a ticket.
 			if err := h.enqueue(ctx, st); errors.Is(err, errRace) {
 				st = nil
@@ -397,6 +397,9 @@ func (w *waiter) turn(st *State) bool {
 	}
 	if h.sem {
 		return h.sub.rank() < int(h.limit)-len(st.Holders)
+	}
+	if mutantNoSharedQueue {
+		return h.sub.rank() < 1-len(st.Holders)
 	}
 	if len(st.Holders) > 0 {
 		w.freeSince = time.Time{}
