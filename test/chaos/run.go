@@ -44,6 +44,10 @@ type Profile struct {
 	LongHolds bool
 	// LinTimeout bounds porcupine.
 	LinTimeout time.Duration
+	// OwnCluster: the run starts a Consul cluster of its own, of Servers
+	// servers (0: 3), even when a shared one is offered.
+	OwnCluster bool
+	Servers    int
 }
 
 // Recovery is the liveness bound's first part: 2×TTL (Consul expires an
@@ -103,9 +107,12 @@ func MutantProfile(mutant string) Profile {
 	case "no-shared-queue":
 		// Broker 0 passes the hot key among its own clients: the waiters
 		// on the other replicas wait past the starvation bound.
+		// The other mutants' Consul faults on the shared cluster would
+		// disturb its waits: one server of its own.
 		p.ChaosLen, p.QuietLen = 0, 32*time.Second
 		p.Must = nil
 		p.Hot, p.Far = 3, 2
+		p.OwnCluster, p.Servers = true, 1
 	}
 	return p
 }
@@ -117,8 +124,8 @@ type Config struct {
 	Mutant    string // "" for the real thing
 	BrokerBin string // built with BuildBroker
 	OutDir    string // logs, report, visualization
-	// Cluster, if set, is used (and left running); otherwise the run
-	// starts its own.
+	// Cluster, if set, is used (and left running); otherwise, or when
+	// the profile asks for its own (OwnCluster), the run starts its own.
 	Cluster  *consultest.Cluster
 	Progress io.Writer
 }
@@ -169,8 +176,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		sched.Count(), describeKinds(sched.ByKind()))
 
 	r.cluster = cfg.Cluster
-	if r.cluster == nil {
-		c, err := StartCluster(ctx, cfg.OutDir)
+	if r.cluster == nil || p.OwnCluster {
+		c, err := StartCluster(ctx, cfg.OutDir, p.Servers)
 		if err != nil {
 			return nil, err
 		}
@@ -255,14 +262,14 @@ type Cluster struct {
 	logs []*os.File
 }
 
-// StartCluster starts a 3-server Consul cluster (for one run, or for
-// several to share) with the servers' logs in dir.
-func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
+// StartCluster starts a Consul cluster of servers servers (0: 3), for
+// one run or for several to share, with the servers' logs in dir.
+func StartCluster(ctx context.Context, dir string, servers int) (*Cluster, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	c := &Cluster{}
-	cc, err := consultest.StartCluster(ctx, consultest.ClusterConfig{LogWriter: func(i int) io.Writer {
+	cc, err := consultest.StartCluster(ctx, consultest.ClusterConfig{Servers: servers, LogWriter: func(i int) io.Writer {
 		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("consul-%d.log", i)))
 		if err != nil {
 			return nil

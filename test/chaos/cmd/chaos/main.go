@@ -134,7 +134,7 @@ func run() int {
 		}
 		bins[tags] = bin
 	}
-	cluster, err := chaos.StartCluster(ctx, filepath.Join(*out, "consul"))
+	cluster, err := chaos.StartCluster(ctx, filepath.Join(*out, "consul"), 0)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		return 2
