@@ -56,7 +56,7 @@ const (
 // offer opens a slot for the next sleep.
 func (w *waiter) offer() {
 	h := w.h
-	if h.sem || (h.spec.Resume != nil && !h.resumedWait) || h.ticket == nil {
+	if h.sem || (h.spec.Resume != nil && !h.resumedWait) || (h.ticket == nil && !mutantNoSharedQueue) {
 		return
 	}
 	s := &handoffSlot{ready: make(chan struct{})}
@@ -144,6 +144,12 @@ func (h *hold) claimNext() (*hold, *handoffSlot, []Op) {
 	}
 	var head *sub
 	for s := range kw.subs {
+		if mutantNoSharedQueue {
+			if s.waiting && s != h.sub && s.holder != nil && (head == nil || s.order < head.order) {
+				head = s
+			}
+			continue
+		}
 		if !s.waiting || s == h.sub || s.ticket == 0 || s.holder == nil {
 			continue
 		}
@@ -189,7 +195,7 @@ var (
 // the caller releases as usual. It returns once the new holder has
 // announced the grant (or after announceWait).
 func (h *hold) handOff(ctx context.Context) bool {
-	if time.Since(h.chainStart) >= handoffChain {
+	if time.Since(h.chainStart) >= handoffChain && !mutantNoSharedQueue {
 		kw := h.sub.kw
 		kw.mu.Lock()
 		kw.courtesy = time.Now().Add(handoffCourtesy)

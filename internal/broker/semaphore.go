@@ -97,7 +97,7 @@ func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequen
 		return &Sequencer{Key: prefix, Session: h.session, LockIndex: me.LockIndex, Token: h.currentToken(st, hd), Kind: KindSemaphore}, nil
 	}
 	free := int(h.limit) - len(holders)
-	if free <= 0 || waitRank(st, holders, h.session) >= free {
+	if free <= 0 || ((h.spec.Fair || !mutantNoSharedQueue) && waitRank(st, holders, h.session) >= free) {
 		return nil, nil
 	}
 	holders[h.session] = true

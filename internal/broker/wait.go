@@ -96,7 +96,7 @@ func (h *hold) wait(ctx context.Context) (_ *Sequencer, err error) {
 				continue
 			}
 		}
-		if !h.sem && h.ticket == nil && st != nil && !h.tryOnce() {
+		if !h.sem && h.ticket == nil && st != nil && !h.tryOnce() && !mutantNoSharedQueue {
 			// Busy, or free with waiters queued: take a ticket.
 			if err := h.enqueue(ctx, st); errors.Is(err, errRace) {
 				// The guard (or the ticket) moved: read the queue again.
@@ -413,10 +413,13 @@ func (w *waiter) turn(st *State) bool {
 		// as the attempt does (trySemaphore): a local order that
 		// disagreed would leave two waiters each waiting for the other.
 		free := int(h.limit) - len(st.Holders)
-		if _, ok := st.contenders[h.session]; ok {
+		if _, ok := st.contenders[h.session]; ok && !mutantNoSharedQueue {
 			return h.semPosition(st)-1 < free
 		}
 		return h.sub.rank() < free
+	}
+	if mutantNoSharedQueue {
+		return h.sub.rank() < 1-len(st.Holders)
 	}
 	if len(st.Holders) > 0 {
 		w.freeSince = time.Time{}
