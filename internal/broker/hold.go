@@ -37,6 +37,7 @@ type hold struct {
 	// was sent (it may have been committed unanswered).
 	ticket      *Entry
 	ticketTried bool
+	enqueued    bool // the hold took a ticket once (tidyAfter)
 	// resumedWait: the request resumed a wait, and this replica owns its
 	// session now (resumeWait).
 	resumedWait bool

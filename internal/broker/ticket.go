@@ -194,6 +194,7 @@ func (h *hold) enqueue(ctx context.Context, st *State) error {
 		}
 	}
 	h.setTicket(t, ahead)
+	h.enqueued = true
 	return nil
 }
 
@@ -344,17 +345,21 @@ func (h *hold) resumeWait(ctx context.Context) error {
 }
 
 // tidyAfter tidies the key's queue in the background when this replica's
-// view of it (no read) shows a guard or tickets with no live ticket but
-// the hold's own: what the last waiter leaves, and dead tickets of waiters
-// whose sessions ended, go. An uncontended key has neither, and costs
-// nothing.
+// view of it (no read) shows no live ticket but the hold's own, and the
+// hold queued once or the view shows a guard or tickets: what the last
+// waiter leaves, and dead tickets of waiters whose sessions ended, go (a
+// view that lags may miss the guard, so a hold that queued looks). An
+// uncontended key has neither, and costs nothing.
 func (h *hold) tidyAfter() {
 	if h.sem || h.sub == nil {
 		return
 	}
 	st, _ := h.sub.state()
-	if st == nil || st.partial || (st.guard == nil && len(st.tickets) == 0) || st.othersQueued(h.session) {
+	if st == nil || st.othersQueued(h.session) {
 		return
+	}
+	if !h.enqueued && (st.partial || (st.guard == nil && len(st.tickets) == 0)) {
+		return // never queued, and nothing to tidy in sight
 	}
 	b, store, key := h.b, h.st, h.spec.Key
 	b.holds.Add(1)
