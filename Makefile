@@ -134,10 +134,11 @@ test-python: consul broker deps-deb
 test-node: consul broker deps-npm deps-node
 	node --test test/node/
 
-# Benchmarks and the scale run (10,000 holds, 1,000 watchers on one
-# replica): they print figures and assert none.
+# Benchmarks, the shared-queue rows (three replicas) and the scale run
+# (10,000 holds, 1,000 watchers on one replica): they print figures and
+# assert none.
 bench: consul
-	set -o pipefail; $(GO) test -count=1 -timeout 30m -run 'TestBenchTable|TestScale' -v ./test/bench/ -args -table -scale \
+	set -o pipefail; $(GO) test -count=1 -timeout 30m -run 'TestBenchTable|TestBenchQueue|TestScale' -v ./test/bench/ -args -table -queue -scale \
 		| grep -E '^(#|\||SCALE|ok|FAIL|--- |panic)|^    [a-z_]+_test\.go:'
 
 # A CPU profile of the uncontended cycle (broker side, in process).

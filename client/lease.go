@@ -55,10 +55,14 @@ func (c *Client) acquire(ctx context.Context, key string, opts []LockOption) (*L
 		o(req)
 	}
 	var lastErr error
+	place := "" // the session the wait queued with, to keep its place
 	for i := range c.locks {
-		l, err := c.open(ctx, i, req)
+		l, sid, err := c.openAt(ctx, i, req, place)
 		if err == nil {
 			return l, nil
+		}
+		if sid != "" {
+			place = sid
 		}
 		lastErr = err
 		if status.Code(err) != codes.Unavailable {
@@ -68,12 +72,33 @@ func (c *Client) acquire(ctx context.Context, key string, opts []LockOption) (*L
 	return nil, lastErr
 }
 
+// openAt runs open on replica i. A wait that queued on an earlier replica
+// (place: its session) resumes there, keeping its place in the key's
+// shared queue; when that place is gone (the session ended), it waits
+// anew. It returns the session the wait last queued with.
+func (c *Client) openAt(ctx context.Context, i int, req *lockbrokerv1.AcquireRequest, place string) (*Lease, string, error) {
+	if place == "" || req.GetSessionId() != "" {
+		return c.open(ctx, i, req)
+	}
+	moved := proto.CloneOf(req)
+	moved.Session = &lockbrokerv1.AcquireRequest_Resume{Resume: &lockbrokerv1.Sequencer{Key: req.GetKey(), SessionId: place}}
+	l, sid, err := c.open(ctx, i, moved)
+	switch status.Code(err) {
+	case codes.FailedPrecondition, codes.NotFound:
+		return c.open(ctx, i, req)
+	}
+	if sid == "" {
+		sid = place
+	}
+	return l, sid, err
+}
+
 // open runs one Acquire on replica i until `acquired`. With other replicas
 // to go to, a waiting stream silent for waitStallBeats of the broker's
 // heartbeats (AcquireQueued.heartbeat) is cancelled and the wait fails
 // UNAVAILABLE, so that acquire moves on: a stopped replica keeps its
 // connection and never answers.
-func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireRequest) (*Lease, error) {
+func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireRequest) (l *Lease, place string, err error) {
 	// The stream outlives ctx, but keeps its values: the caller's trace
 	// context (W3C traceparent through an OpenTelemetry stats handler on
 	// the connection) and outgoing metadata reach the broker.
@@ -84,9 +109,9 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 		stop()
 		cancel()
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, place, ctx.Err()
 		}
-		return nil, asStatusError(err)
+		return nil, place, asStatusError(err)
 	}
 	var silence *waitSilence
 	if len(c.locks) > 1 {
@@ -99,14 +124,17 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 			stop()
 			cancel()
 			if ctx.Err() != nil {
-				return nil, ctx.Err()
+				return nil, place, ctx.Err()
 			}
 			if silence.fired() {
-				return nil, silence.err()
+				return nil, place, silence.err()
 			}
-			return nil, c.withHolders(ctx, req.GetKey(), asStatusError(err))
+			return nil, place, c.withHolders(ctx, req.GetKey(), asStatusError(err))
 		}
 		silence.heard(resp.GetQueued().GetHeartbeat().AsDuration())
+		if sid := resp.GetQueued().GetSessionId(); sid != "" {
+			place = sid
+		}
 		if lost := resp.GetLost(); lost != nil {
 			// The grant came too late to be safe (see AcquireLost): no
 			// lease, and the broker's reason says why.
@@ -114,24 +142,24 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 			cancel()
 			err := lostByBroker(lost)
 			err.Detail = "the stream ended with lost before the grant: " + err.Detail
-			return nil, err
+			return nil, place, err
 		}
 		if a := resp.GetAcquired(); a != nil {
 			if !silence.stop() { // cancelled as the grant came
 				stop()
-				return nil, silence.err()
+				return nil, place, silence.err()
 			}
 			if !stop() {
 				cancel()
-				return nil, ctx.Err()
+				return nil, place, ctx.Err()
 			}
-			l := &Lease{
+			l = &Lease{
 				c: c, key: req.GetKey(), req: req, seq: a.GetSequencer(), replica: i,
 				lost: make(chan struct{}), stopped: make(chan struct{}), cancel: cancel,
 				deadline: time.Now().Add(a.GetGuaranteedFor().AsDuration()),
 			}
 			go l.run(stream)
-			return l, nil
+			return l, place, nil
 		}
 	}
 }

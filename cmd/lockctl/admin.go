@@ -133,6 +133,9 @@ func holdLine(h *lockbrokerv1.HoldInfo) string {
 	what := fmt.Sprintf("held token=%d", h.GetToken())
 	if h.GetWaiting() {
 		what = "waiting"
+		if p := h.GetPosition(); p > 0 {
+			what = fmt.Sprintf("waiting place=%d", p)
+		}
 	}
 	since := "-"
 	if h.GetSince() != nil {

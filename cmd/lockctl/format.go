@@ -30,14 +30,18 @@ func stateLine(st *lockbrokerv1.LockState) string {
 	if st.GetKind() == lockbrokerv1.LockKind_LOCK_KIND_SEMAPHORE {
 		kind = fmt.Sprintf("semaphore (%d of %d slots)", len(st.GetHolders()), st.GetLimit())
 	}
+	queue := ""
+	if n := st.GetWaiting(); n > 0 {
+		queue = fmt.Sprintf("; %d waiting", n)
+	}
 	if len(st.GetHolders()) == 0 {
-		return key + ": " + kind + " free"
+		return key + ": " + kind + " free" + queue
 	}
 	hs := make([]string, len(st.GetHolders()))
 	for i, h := range st.GetHolders() {
 		hs[i] = holderText(h)
 	}
-	return key + ": " + kind + " held by " + strings.Join(hs, ", ")
+	return key + ": " + kind + " held by " + strings.Join(hs, ", ") + queue
 }
 
 // holderText describes one holder.

@@ -219,10 +219,11 @@ func (f *lockFlags) request(key string) *lockbrokerv1.AcquireRequest {
 //
 // A wait whose broker goes away (the stream fails UNAVAILABLE: the broker
 // died or drains; or, with several addresses, it is silent for
-// waitStallBeats of its `queued` heartbeats: it is stopped) goes on with a
-// new request at the next broker of --addr that takes it, as the client
-// libraries' waits do: its place in the queue is lost, its --timeout
-// counts from the start.
+// waitStallBeats of its `queued` heartbeats: it is stopped) goes on at the
+// next broker of --addr that takes it, as the client libraries' waits do:
+// it resumes the wait with its session, so it keeps its place in the key's
+// queue (a new request when that place is gone); its --timeout counts from
+// the start.
 type waiting struct {
 	c     *cli
 	f     *lockFlags
@@ -235,6 +236,10 @@ type waiting struct {
 	said  string        // the last "waiting" line: a heartbeat repeats it
 	every time.Duration // the broker's heartbeat
 	moves int           // moves since the last `queued`
+	// place is the session the wait queued with (from `queued`); placed,
+	// that the current stream resumes the wait with it.
+	place  string
+	placed bool
 }
 
 // waitStallBeats: a waiting stream that hears nothing for this many of its
@@ -258,7 +263,16 @@ func (w *waiting) await() (*lockbrokerv1.AcquireAcquired, error) {
 			}
 		case ev := <-w.cur.events:
 			if ev.err != nil {
-				if status.Code(ev.err) != codes.Unavailable {
+				code := status.Code(ev.err)
+				if w.placed && (code == codes.FailedPrecondition || code == codes.NotFound) {
+					// The wait's place is gone (its session ended): wait anew.
+					w.place = ""
+					if err := w.move("the wait's place in the queue is gone: "+statusText(ev.err), ev.err); err != nil {
+						return nil, err
+					}
+					continue
+				}
+				if code != codes.Unavailable {
 					return nil, waitError(ev.err)
 				}
 				why := "the stream to the broker at " + w.cur.addr + " broke: " + statusText(ev.err)
@@ -270,6 +284,9 @@ func (w *waiting) await() (*lockbrokerv1.AcquireAcquired, error) {
 			switch e := ev.resp.GetEvent().(type) {
 			case *lockbrokerv1.AcquireResponse_Queued:
 				w.moves = 0
+				if sid := e.Queued.GetSessionId(); sid != "" {
+					w.place = sid
+				}
 				if hb := e.Queued.GetHeartbeat().AsDuration(); hb > 0 {
 					w.every = hb
 				}
@@ -278,6 +295,9 @@ func (w *waiting) await() (*lockbrokerv1.AcquireAcquired, error) {
 				}
 				if w.f.verbose {
 					msg := "waiting: " + stateLine(e.Queued.GetState())
+					if p := e.Queued.GetPosition(); p > 0 {
+						msg = fmt.Sprintf("waiting (place %d in the queue): %s", p, stateLine(e.Queued.GetState()))
+					}
 					if d := e.Queued.GetLockDelayRemaining(); d != nil && d.AsDuration() > 0 {
 						msg += fmt.Sprintf(" (Consul lock-delay: %v left)", d.AsDuration().Round(time.Millisecond))
 					}
@@ -316,6 +336,10 @@ func (w *waiting) move(why string, err error) error {
 	}
 	w.moves++
 	req := proto.CloneOf(w.r.req)
+	w.placed = w.place != "" && req.GetSessionId() == ""
+	if w.placed {
+		req.Session = &lockbrokerv1.AcquireRequest_Resume{Resume: &lockbrokerv1.Sequencer{Key: w.key, SessionId: w.place}}
+	}
 	if w.f.timeout.set {
 		left := w.f.timeout.d - time.Since(w.start)
 		if left <= 0 {

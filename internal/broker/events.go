@@ -60,8 +60,10 @@ type Event struct {
 	State              *State
 	LockDelayRemaining time.Duration
 	Session            string
-	// Queued: how often `queued` comes again while nothing changes.
+	// Queued: how often `queued` comes again while nothing changes, and
+	// the request's place in the key's shared queue (1: next; 0: none).
 	Heartbeat time.Duration
+	Position  int
 	// Acquired, Released: the grant. Acquired, Keepalive: how long it is
 	// guaranteed from now (0: unknown, a client-owned session).
 	Sequencer     Sequencer

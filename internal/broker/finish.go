@@ -118,7 +118,9 @@ func (h *hold) finishOps(rec *record, st *State, released bool) ([]Op, error) {
 // in one transaction conditioned on the record. It reports whether it
 // did; otherwise the caller finishes the session as usual.
 func (h *hold) recycle(released bool) bool {
-	if h.pooled == nil || h.b.abandoning() {
+	if h.pooled == nil || h.b.abandoning() || h.ticketTried {
+		// (A queue ticket that could not be deleted ends with the
+		// session: see leaveQueue.)
 		return false
 	}
 	ctx, cancel := cleanupContext()
@@ -187,17 +189,23 @@ func (h *hold) destroy(ctx context.Context) {
 // A resumed session that could not be re-attached is not ours: nothing is
 // done to it.
 func (h *hold) abandon() {
-	if h.spec.Resume != nil {
+	if h.spec.Resume != nil && !h.resumedWait {
 		return
 	}
 	ctx, cancel := cleanupContext()
 	defer cancel()
+	if h.movable && h.owned && (h.ticketTried || h.sem) && h.movedAway(ctx) {
+		return // the wait goes on elsewhere, in its place
+	}
 	h.settle(ctx)
 	// Destroy first: a contender write the cancelled request left in flight
 	// fails once the session is gone, so the removal below is final.
 	if h.owned {
 		h.destroy(ctx)
 		h.dropDeadRecord(ctx)
+		if h.ticketTried && !h.sem {
+			h.b.tidyQueue(h.st, h.spec.Key) // its ticket is dead now
+		}
 	}
 	if !h.sem || h.session == "" {
 		return
@@ -216,6 +224,27 @@ func (h *hold) abandon() {
 			return
 		}
 	}
+}
+
+// moveWait bounds how long a wait that ended with its replica (cut off,
+// shutting down) waits for its client to resume it elsewhere before its
+// session is destroyed, which would cost it its place in the queue.
+var moveWait = 5 * time.Second
+
+// movedAway reports whether the hold's wait was resumed on another
+// replica (its record's owner moved) within moveWait.
+func (h *hold) movedAway(ctx context.Context) bool {
+	deadline := time.Now().Add(moveWait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		rec, err := h.b.readRecord(rctx, h.session)
+		cancel()
+		if err == nil && rec.index != 0 && rec.Owner != h.owner {
+			return true
+		}
+		sleep(ctx, 250*time.Millisecond)
+	}
+	return false
 }
 
 // settle undoes a lock grant whose transaction the request stopped waiting

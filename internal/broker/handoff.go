@@ -56,7 +56,7 @@ const (
 // offer opens a slot for the next sleep.
 func (w *waiter) offer() {
 	h := w.h
-	if h.sem || h.spec.Resume != nil {
+	if h.sem || (h.spec.Resume != nil && !h.resumedWait) || (h.ticket == nil && !mutantNoSharedQueue) {
 		return
 	}
 	s := &handoffSlot{ready: make(chan struct{})}
@@ -88,6 +88,7 @@ func (w *waiter) withdraw() *Sequencer {
 	<-s.ready
 	if s.granted != nil {
 		w.h.handedOver = s
+		w.h.setTicket(nil, nil) // deleted by the hand-off
 	}
 	return s.granted
 }
@@ -126,48 +127,86 @@ func (w *waiter) readyChan() <-chan struct{} {
 	return w.slot.ready
 }
 
-// claimNext claims the slot of the oldest waiter of key on this replica,
-// if that waiter offers one and can take the lock from h.
-func (h *hold) claimNext() (*hold, *handoffSlot) {
+// claimNext claims the slot of the waiter of this replica that heads the
+// key's shared queue, if one does and can take the lock from h. The head
+// is judged on the key's listing as this replica last saw it, which must
+// tells which of the tickets ahead of the waiter's (known since it took
+// its ticket: they only ever leave) have left; a listing older than one
+// of them tells nothing of it, and a stale listing never makes a waiter
+// the head wrongly.
+func (h *hold) claimNext() (*hold, *handoffSlot, []Op) {
 	kw := h.sub.kw
 	kw.mu.Lock()
-	var first *sub
+	var st *State
+	if kw.ready {
+		st = deriveState(kw.key, kw.entries, kw.index)
+		st.partial = kw.own
+	}
+	var head *sub
 	for s := range kw.subs {
-		if s.waiting && s != h.sub && (first == nil || s.order < first.order) {
-			first = s
+		if mutantNoSharedQueue {
+			if s.waiting && s != h.sub && s.holder != nil && (head == nil || s.order < head.order) {
+				head = s
+			}
+			continue
+		}
+		if !s.waiting || s == h.sub || s.ticket == 0 || s.holder == nil {
+			continue
+		}
+		if s.pruneAhead(st) == 0 && (head == nil || s.ticket < head.ticket) {
+			head = s
 		}
 	}
 	var slot *handoffSlot
 	var w *hold
-	if first != nil {
-		slot, w = first.slot, first.holder
+	var ops []Op
+	if head != nil {
+		slot, w = head.slot, head.holder
+		ops = handOffQueueOps(kw.key, st, w.session, head.ticket)
 	}
 	kw.mu.Unlock()
 	if slot == nil || w == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if w.sem || w.tenant != h.tenant || w.session == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	slot.mu.Lock()
 	defer slot.mu.Unlock()
 	if slot.state != slotOpen {
-		return nil, nil
+		return nil, nil, nil
 	}
 	slot.state, slot.announced = slotClaimed, make(chan struct{})
-	return w, slot
+	return w, slot, ops
 }
+
+// handoffChain bounds how long a key passes from holder to holder of
+// this replica by direct hand-off without standing free: then a release
+// frees it, and this replica's waiters leave it free for handoffCourtesy
+// before they take it, so that a client of Consul's own (api.Lock,
+// `consul lock`), which cannot join the shared queue, gets its turn.
+var (
+	handoffChain    = time.Second
+	handoffCourtesy = 50 * time.Millisecond
+)
 
 // handOff releases h's lock and grants it to the next waiter in one
 // transaction. It reports whether it did; on false nothing changed and
 // the caller releases as usual. It returns once the new holder has
 // announced the grant (or after announceWait).
 func (h *hold) handOff(ctx context.Context) bool {
-	w, slot := h.claimNext()
+	if time.Since(h.chainStart) >= handoffChain && !mutantNoSharedQueue {
+		kw := h.sub.kw
+		kw.mu.Lock()
+		kw.courtesy = time.Now().Add(handoffCourtesy)
+		kw.mu.Unlock()
+		return false
+	}
+	w, slot, queueOps := h.claimNext()
 	if w == nil {
 		return false
 	}
-	if !h.handOffTo(ctx, w, slot) {
+	if !h.handOffTo(ctx, w, slot, queueOps) {
 		return false
 	}
 	slot.awaitAnnounced()
@@ -176,7 +215,7 @@ func (h *hold) handOff(ctx context.Context) bool {
 
 // handOffTo runs the hand-off's transaction, and delivers its grant to
 // the slot w offered (nil when it failed).
-func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot) bool {
+func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot, queueOps []Op) bool {
 	var granted *Sequencer
 	defer func() {
 		slot.mu.Lock()
@@ -189,6 +228,7 @@ func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot) bool {
 		return false
 	}
 	key := h.spec.Key
+	ops = append(ops, queueOps...)
 	grant, wnext := w.lockGrantOps()
 	ops = append(ops, grant...)
 	res, err := h.st.Txn(ctx, ops)
@@ -211,6 +251,7 @@ func (h *hold) handOffTo(ctx context.Context, w *hold, slot *handoffSlot) bool {
 	h.setRecord(next)
 	w.setRecord(wnext)
 	h.b.hub.known.forget(key)
+	w.chainStart = h.chainStart // read by w once slot.ready is closed
 	granted = &Sequencer{Key: key, Session: w.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}
 	return true
 }

@@ -32,6 +32,21 @@ type hold struct {
 	unsure bool      // a grant transaction was cut off in flight (see settle)
 	ahead  *heldRead // a resume's reads, made with or before its renewal (openResumed)
 	guard  *guard    // the session record's index, checked by the sweeper
+	// ticket is the hold's ticket in its lock key's shared queue, once
+	// taken (ticket.go); ticketTried, once a transaction that takes one
+	// was sent (it may have been committed unanswered).
+	ticket      *Entry
+	ticketTried bool
+	enqueued    bool // the hold took a ticket once (tidyAfter)
+	// resumedWait: the request resumed a wait, and this replica owns its
+	// session now (resumeWait).
+	resumedWait bool
+	// movable: the wait ended because this replica cut off or shut down,
+	// and its client may resume it elsewhere (abandon waits for that).
+	movable bool
+	// chainStart is when the key last stood free before this grant: a
+	// grant handed over directly inherits its releaser's (handoffChain).
+	chainStart time.Time
 	// handedOver is the hand-off slot whose releaser waits until begin
 	// has announced the grant it delivered (see handOff).
 	handedOver *handoffSlot
@@ -112,7 +127,9 @@ func (b *Broker) begin(ctx context.Context, spec *AcquireSpec, send func(Event) 
 	}
 	if err != nil {
 		h.life.End(Outcome{Kind: OutcomeFailed})
-		if r, _ := ReasonOf(err); r == ReasonConsulUnavailable || r == ReasonReplicaCutOff {
+		r, _ := ReasonOf(err)
+		h.movable = r == ReasonReplicaCutOff || r == ReasonBrokerShuttingDown
+		if r == ReasonConsulUnavailable || h.movable {
 			// Consul does not answer here: the client learns it now and
 			// may go to another replica; the cleanup follows (as after a
 			// renewal failure, see keep.go), bounded by cleanupContext.
@@ -124,6 +141,9 @@ func (b *Broker) begin(ctx context.Context, spec *AcquireSpec, send func(Event) 
 		return nil, err
 	}
 	h.setGrant(seq)
+	if h.chainStart.IsZero() {
+		h.chainStart = time.Now()
+	}
 	b.register(h)
 	if h.owned {
 		h.guard = b.hub.addGuard(recordKey(h.session), h.record().index)
@@ -304,7 +324,11 @@ func (h *hold) guaranteed() time.Duration {
 
 // obtain waits for the grant (or re-attaches a resumed one).
 func (h *hold) obtain(ctx context.Context) (*Sequencer, bool, error) {
-	if h.spec.Resume != nil {
+	if h.resumingWait() {
+		if err := h.resumeWait(ctx); err != nil {
+			return nil, false, err
+		}
+	} else if h.spec.Resume != nil {
 		seq, err := h.resume(ctx)
 		return seq, true, err
 	}

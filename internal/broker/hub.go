@@ -103,6 +103,11 @@ type keyWatch struct {
 	subs    map[*sub]struct{}
 	delays  map[string]time.Duration // lock-delay of holder sessions
 	arrived uint64                   // waiters so far (their order)
+	// courtesy: this replica's waiters leave the key free until then
+	// (handoffChain).
+	courtesy time.Time
+	// own: the listing is this replica's own write alone (publishOwn).
+	own bool
 	// published is when the newest listing came (see describe), began
 	// when its read began (see publish).
 	published, began time.Time
@@ -130,6 +135,11 @@ type sub struct {
 	// a direct hand-off while it sleeps (see handoff.go). Under kw.mu.
 	holder *hold
 	slot   *handoffSlot
+	// ticket is the CreateIndex of the holder's ticket in the key's shared
+	// queue, 0 without one, and ahead the live tickets ahead of it as far
+	// as this replica knows (ticket.go). Under kw.mu.
+	ticket uint64
+	ahead  []*Entry
 }
 
 // fingerprint summarises a key's entries to tell whether they changed.
@@ -265,7 +275,7 @@ func (kw *keyWatch) publish(entries []*Entry, index uint64, began time.Time) {
 		return // older than what we have
 	}
 	first := !kw.ready
-	kw.entries, kw.index, kw.ready, kw.stale = entries, index, true, false
+	kw.entries, kw.index, kw.ready, kw.stale, kw.own = entries, index, true, false, false
 	kw.published, kw.began = time.Now(), began
 	fp := fingerprintOf(entries)
 	for s := range kw.subs {

@@ -72,6 +72,11 @@ func (kw *keyWatch) publishOwn(e *Entry) {
 	kw.mu.Unlock()
 	if ok {
 		kw.publish([]*Entry{e}, e.ModifyIndex, time.Now())
+		kw.mu.Lock()
+		if kw.index == e.ModifyIndex {
+			kw.own = true
+		}
+		kw.mu.Unlock()
 	}
 }
 
@@ -90,5 +95,7 @@ func (h *hub) knownState(key string) *State {
 	if e == nil {
 		return nil
 	}
-	return deriveState(key, []*Entry{e}, e.ModifyIndex)
+	st := deriveState(key, []*Entry{e}, e.ModifyIndex)
+	st.partial = true
+	return st
 }

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // Sequencer identifies one grant.
@@ -50,6 +51,7 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 	} else {
 		ops = append(ops, Op{Verb: OpCheckIndex, Key: key, Index: st.lock.ModifyIndex})
 	}
+	ops = append(ops, queueGrantOps(st, h.session, h.ticket != nil)...)
 	recAt := len(ops)
 	grant, next := h.lockGrantOps()
 	ops = append(ops, grant...)
@@ -66,6 +68,10 @@ func (h *hold) tryLock(ctx context.Context, st *State, fresh bool) (*Sequencer, 
 	next.index, next.live = e.ModifyIndex, true
 	h.setRecord(next)
 	h.b.hub.known.forget(key)
+	if h.ticket != nil {
+		h.setTicket(nil, nil) // deleted by the grant
+	}
+	h.chainStart = time.Now()
 	return &Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}, nil
 }
 

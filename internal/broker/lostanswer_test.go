@@ -109,6 +109,7 @@ func TestHandOffAnswerLost(t *testing.T) {
 			got := w.nextWithin(broker.EventAcquired, 20*time.Second).Sequencer
 			entries, _, err := storeB.List(ctx, key, true)
 			require.NoError(t, err)
+			entries = onlyKey(entries, key) // the shared queue's guard may stay
 			require.Len(t, entries, 1)
 			require.Equal(t, got.Session, entries[0].Session, "the waiter's session holds the key")
 			assert.Equal(t, entries[0].ModifyIndex, got.Token, "the grant's token is the hand-off's index")
@@ -152,10 +153,22 @@ func TestHandOffAnswerLost(t *testing.T) {
 			}
 			entries, _, err = storeB.List(ctx, key, true)
 			require.NoError(t, err)
+			entries = onlyKey(entries, key)
 			require.Len(t, entries, 1)
 			assert.Equal(t, got.Session, entries[0].Session, "the key is still held by the resumed session")
 			_, err = storeB.Session(ctx, got.Session)
 			assert.NoError(t, err, "the session still exists")
 		})
 	}
+}
+
+// onlyKey keeps the entry at key of a listing of its prefix.
+func onlyKey(entries []*broker.Entry, key string) []*broker.Entry {
+	var out []*broker.Entry
+	for _, e := range entries {
+		if e.Key == key {
+			out = append(out, e)
+		}
+	}
+	return out
 }

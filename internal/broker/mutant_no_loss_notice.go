@@ -6,4 +6,5 @@ package broker
 const (
 	mutantNoLossNotice  = true
 	mutantNoResumeFence = false
+	mutantNoSharedQueue = false
 )

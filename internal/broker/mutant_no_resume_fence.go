@@ -7,4 +7,5 @@ package broker
 const (
 	mutantNoLossNotice  = false
 	mutantNoResumeFence = true
+	mutantNoSharedQueue = false
 )

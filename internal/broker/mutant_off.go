@@ -1,4 +1,4 @@
-//go:build !mutant_no_loss_notice && !mutant_no_resume_fence
+//go:build !mutant_no_loss_notice && !mutant_no_resume_fence && !mutant_no_shared_queue
 
 package broker
 
@@ -11,4 +11,9 @@ const (
 	// mutantNoResumeFence lets a replica write for a session it no longer
 	// owns (build tag mutant_no_resume_fence).
 	mutantNoResumeFence = false
+	// mutantNoSharedQueue makes lock waiters ignore the key's shared queue
+	// as before it existed (build tag mutant_no_shared_queue): no tickets,
+	// a release hands the key to this replica's oldest waiter, with no
+	// bound on the chain (ticket.go, handoff.go).
+	mutantNoSharedQueue = false
 )

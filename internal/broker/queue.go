@@ -65,7 +65,11 @@ func (s *sub) state() (*State, uint64) {
 	if !ok {
 		return nil, 0
 	}
-	return deriveState(s.kw.key, entries, index), skipped
+	st := deriveState(s.kw.key, entries, index)
+	s.kw.mu.Lock()
+	st.partial = s.kw.own && s.kw.index == index
+	s.kw.mu.Unlock()
+	return st, skipped
 }
 
 // listing returns the newest entries at and under the key, their index,

@@ -54,6 +54,9 @@ type record struct {
 	// releasing or setting the value of any grant of a broker-owned
 	// session needs its token (see tokenRequired).
 	Again map[string]bool `json:"again,omitempty"`
+	// Waiting is the lock key the session waits for with a ticket in its
+	// shared queue (ticket.go), for ListHolds; a grant clears it.
+	Waiting string `json:"waiting,omitempty"`
 
 	session string // the session id (from the key)
 	index   uint64 // the entry's ModifyIndex; 0 when there is no record
@@ -119,6 +122,9 @@ func (r *record) with(key string, again bool) *record {
 	n := r.next()
 	n.Holds[key] = 0
 	n.Since[key] = time.Now().UnixMilli()
+	if n.Waiting == key {
+		n.Waiting = ""
+	}
 	if again {
 		n.Again[key] = true
 	}

@@ -97,7 +97,7 @@ func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequen
 		return &Sequencer{Key: prefix, Session: h.session, LockIndex: me.LockIndex, Token: h.currentToken(st, hd), Kind: KindSemaphore}, nil
 	}
 	free := int(h.limit) - len(holders)
-	if free <= 0 || (h.spec.Fair && waitRank(st, holders, h.session) >= free) {
+	if free <= 0 || ((h.spec.Fair || !mutantNoSharedQueue) && waitRank(st, holders, h.session) >= free) {
 		return nil, nil
 	}
 	holders[h.session] = true
@@ -130,6 +130,19 @@ func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequen
 	next.index, next.live = res[casAt].ModifyIndex, true
 	h.setRecord(next)
 	return &Sequencer{Key: prefix, Session: h.session, LockIndex: me.LockIndex, Token: res[casAt].ModifyIndex, Kind: KindSemaphore}, nil
+}
+
+// semPosition is the hold's place among the semaphore's waiters as st
+// shows it (1: next), or 0 when its contender entry is not listed.
+func (h *hold) semPosition(st *State) int {
+	if _, ok := st.contenders[h.session]; !ok {
+		return 0
+	}
+	holders := map[string]bool{}
+	for _, hd := range st.Holders {
+		holders[hd.Session] = true
+	}
+	return waitRank(st, holders, h.session) + 1
 }
 
 // waitRank is session's place among the live contenders that do not hold

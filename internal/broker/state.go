@@ -35,6 +35,18 @@ type State struct {
 	Limit   uint32
 	Holders []Holder
 	Index   uint64
+	// Waiting is how many broker waiters the key's shared queue holds: the
+	// live tickets of a lock (ticket.go), the live contenders of a
+	// semaphore that hold no slot.
+	Waiting int
+
+	// guard and tickets are the lock's shared queue (ticket.go), tickets
+	// oldest first.
+	guard   *Entry
+	tickets []*Entry
+	// partial: the state was made from this replica's own write alone (see
+	// known.go), not from a listing: it tells nothing of the queue.
+	partial bool
 
 	// lock is the lock entry (KindLock, KindForeign).
 	lock *Entry
@@ -106,6 +118,7 @@ func deriveState(key string, entries []*Entry, index uint64) *State {
 		st.deriveSemaphore()
 		return st
 	}
+	st.deriveQueue()
 	if st.lock != nil {
 		if st.lock.Flags != LockFlagValue {
 			st.Kind = KindForeign
@@ -150,6 +163,7 @@ func (st *State) deriveSemaphore() {
 		}
 	}
 	sort.Slice(st.Holders, func(i, j int) bool { return st.Holders[i].CreateIndex < st.Holders[j].CreateIndex })
+	st.Waiting = len(st.contenders) - len(st.Holders)
 }
 
 // holderOrSelf is holder, except that a nil state (not read) counts as

@@ -112,6 +112,9 @@ type HoldInfo struct {
 	// Replica owns a broker-owned session ("" for a client-owned one).
 	Replica string
 	Waiting bool
+	// Position is a waiter's place in the key's shared queue (1: next),
+	// 0 when it has none yet.
+	Position int
 }
 
 // CountClientHolds counts the holds of tenant's client-owned sessions (made
@@ -133,6 +136,9 @@ func (b *Broker) CountClientHolds(ctx context.Context, tenant string) (int, erro
 	return n, nil
 }
 
+// maxListedQueues bounds the keys whose queues one ListHolds reads.
+const maxListedQueues = 256
+
 // ListHolds lists every hold the broker granted on keys under prefix (""
 // for all), from the session records (all replicas, read consistently),
 // and this replica's waiters.
@@ -142,13 +148,20 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 		return nil, err
 	}
 	var out []HoldInfo
+	queues := map[string]bool{} // keys whose queues to list
+	tenants := map[string]string{}
 	for _, e := range entries {
 		rec := decodeRecord(strings.TrimPrefix(e.Key, recordPrefix), e)
 		if !rec.live {
 			continue
 		}
+		tenants[rec.session] = rec.Tenant
+		if rec.Waiting != "" && strings.HasPrefix(rec.Waiting, prefix) {
+			queues[rec.Waiting] = true
+		}
 		for key := range rec.Holds {
 			if strings.HasPrefix(key, prefix) {
+				queues[key] = true
 				hi := HoldInfo{Tenant: rec.Tenant, Key: key, Session: rec.session, Token: rec.token(key), Replica: replicaOf(rec.Owner)}
 				if ms := rec.Since[key]; ms > 0 {
 					hi.Since = time.UnixMilli(ms)
@@ -158,18 +171,87 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 		}
 	}
 	b.mu.Lock()
+	var local []HoldInfo
 	for h := range b.waiting {
 		if strings.HasPrefix(h.spec.Key, prefix) {
-			out = append(out, HoldInfo{Tenant: h.tenant, Key: h.spec.Key, Session: h.session, Since: h.since, Replica: b.id, Waiting: true})
+			local = append(local, HoldInfo{Tenant: h.tenant, Key: h.spec.Key, Session: h.session, Since: h.since, Replica: b.id, Waiting: true})
+			queues[h.spec.Key] = true
 		}
 	}
 	b.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Key != out[j].Key {
-			return out[i].Key < out[j].Key
+	waiters, err := b.listQueues(ctx, queues, tenants)
+	if err != nil {
+		return nil, err
+	}
+	listed := map[string]bool{}
+	for _, w := range waiters {
+		listed[w.Key+"\x00"+w.Session] = true
+	}
+	for _, w := range local {
+		if !listed[w.Key+"\x00"+w.Session] {
+			waiters = append(waiters, w) // no place in the queue yet
 		}
-		return out[i].Session < out[j].Session
+	}
+	for i, w := range waiters {
+		for _, l := range local {
+			if l.Key == w.Key && l.Session == w.Session {
+				waiters[i].Since = l.Since
+			}
+		}
+	}
+	out = append(out, waiters...)
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		switch {
+		case a.Key != b.Key:
+			return a.Key < b.Key
+		case a.Waiting != b.Waiting:
+			return !a.Waiting
+		case a.Waiting && a.Position != b.Position:
+			return a.Position != 0 && (b.Position == 0 || a.Position < b.Position)
+		}
+		return a.Session < b.Session
 	})
+	return out, nil
+}
+
+// listQueues lists the waiters of every replica in the shared queues of
+// keys (at most maxListedQueues of them, read consistently), in queue
+// order: a lock's live tickets, a semaphore's live contenders that hold
+// no slot.
+func (b *Broker) listQueues(ctx context.Context, keys map[string]bool, tenants map[string]string) ([]HoldInfo, error) {
+	var out []HoldInfo
+	n := 0
+	for key := range keys {
+		if n == maxListedQueues {
+			break
+		}
+		n++
+		st, err := b.readState(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if st.Kind == KindSemaphore {
+			var ws []*Entry
+			for sid, c := range st.contenders {
+				if _, holds := st.holder(sid); !holds {
+					ws = append(ws, c)
+				}
+			}
+			sort.Slice(ws, func(i, j int) bool { return ws[i].CreateIndex < ws[j].CreateIndex })
+			for i, c := range ws {
+				out = append(out, HoldInfo{Tenant: tenants[c.Session], Key: key, Session: c.Session, Waiting: true, Position: i + 1})
+			}
+			continue
+		}
+		pos := 0
+		for _, t := range st.tickets {
+			if ticketLive(key, t) {
+				pos++
+				out = append(out, HoldInfo{Tenant: tenants[t.Session], Key: key, Session: t.Session, Replica: string(t.Value), Waiting: true, Position: pos})
+			}
+		}
+	}
 	return out, nil
 }
 

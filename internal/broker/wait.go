@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // maxRaces bounds the attempts that lose a check-and-set race; each one
@@ -28,6 +30,11 @@ type waiter struct {
 	races       int
 	fresh       bool         // the state comes from a consistent read made just now
 	slot        *handoffSlot // offered while sleeping (see handoff.go)
+	// freeSince is when this waiter first saw the key free with a live
+	// ticket ahead of its own (zero otherwise): after queueGrace it
+	// takes the key all the same (ticket.go).
+	freeSince time.Time
+	position  int // in the shared queue, as last reported
 }
 
 // QueuedHeartbeat is how often a waiting request hears `queued` again when
@@ -40,7 +47,7 @@ const QueuedHeartbeat = 2 * time.Second
 // wait is the waiting loop: attempt, and when busy, report who is in the
 // way and sleep until the key changes (the shared watch), the lock-delay
 // ends, or the wait times out.
-func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
+func (h *hold) wait(ctx context.Context) (_ *Sequencer, err error) {
 	var timeout <-chan time.Time
 	if !h.spec.WaitForever && h.spec.Wait > 0 {
 		t := time.NewTimer(h.spec.Wait)
@@ -67,6 +74,11 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 		// came. A lock's grantee fills the only slot: the next change of
 		// the key wakes its waiters.
 		h.sub.setWaiting(false, !granted || h.sem)
+		r, _ := ReasonOf(err)
+		h.movable = r == ReasonReplicaCutOff || r == ReasonBrokerShuttingDown
+		if !granted && h.ticketTried && !h.leaveQueue() {
+			h.b.log.Debug("cannot delete a queue ticket; the session ends with it", zap.String("key", h.spec.Key))
+		}
 	}()
 	w := &waiter{h: h, delays: map[string]time.Duration{}, fresh: h.sem}
 	for {
@@ -82,6 +94,19 @@ func (h *hold) wait(ctx context.Context) (*Sequencer, error) {
 			w.fresh = true
 			if raced {
 				continue
+			}
+		}
+		if !h.sem && h.ticket == nil && st != nil && !h.tryOnce() && !mutantNoSharedQueue {
+			// Busy, or free with waiters queued: take a ticket.
+			if err := h.enqueue(ctx, st); errors.Is(err, errRace) {
+				// The guard (or the ticket) moved: read the queue again.
+				if st, err = h.b.readState(ctx, h.spec.Key); err != nil {
+					return nil, err
+				}
+				w.fresh = true
+				continue
+			} else if err != nil {
+				return nil, err
 			}
 		}
 		// The slot is offered before `queued` goes out: a release the
@@ -121,8 +146,14 @@ func (w *waiter) queue(ctx context.Context, st *State, delayLeft time.Duration, 
 // lock-delay ends, or the wait must end (the error).
 func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, timeout <-chan time.Time, failed <-chan error) (*State, error) {
 	h := w.h
-	if !h.b.heldHere(st) {
+	if h.ticket != nil || !h.b.heldHere(st) {
 		h.sub.activate() // a waiter needs the key's changes now
+	}
+	var grace <-chan time.Time
+	if d, ok := w.graceLeft(st); ok {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		grace = t.C
 	}
 	var delayTimer <-chan time.Time
 	delayEnds := time.Now().Add(delayLeft)
@@ -161,6 +192,7 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 			beat.Reset(QueuedHeartbeat)
 			continue
 		case <-delayTimer:
+		case <-grace:
 		case <-w.readyChan():
 		case <-h.sub.wake:
 			if next, _ := h.sub.state(); next != nil {
@@ -177,7 +209,7 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 // sendQueued tells the client that the request waits behind st, with the
 // lock-delay left (0 when it is not what blocks).
 func (w *waiter) sendQueued(st *State, delayLeft time.Duration) error {
-	return w.h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: w.h.session, Heartbeat: QueuedHeartbeat})
+	return w.h.send(Event{Kind: EventQueued, State: st, LockDelayRemaining: delayLeft, Session: w.h.session, Heartbeat: QueuedHeartbeat, Position: w.position})
 }
 
 // staleListing says whether st, a lock's state from the shared watch,
@@ -258,7 +290,7 @@ func (w *waiter) attempt(ctx context.Context, st *State) (*Sequencer, time.Durat
 			return nil, 0, false, err
 		}
 	}
-	if st != nil && !h.turn(st) {
+	if st != nil && !w.turn(st) {
 		// Older waiters of this replica go first: no Consul call.
 		if h.tryOnce() {
 			h.b.fillTokens(ctx, st)
@@ -344,26 +376,92 @@ func (w *waiter) report(ctx context.Context, st *State, delayLeft time.Duration)
 			}
 		}
 	}
-	if w.queued != nil && sameHolders(st, w.queued) && delayLeft == 0 {
+	pos := h.position(st)
+	if h.sem {
+		pos = h.semPosition(st)
+	} else if h.ticket != nil {
+		if e := st.entry(h.ticket.Key); e == nil || e.Session != h.session {
+			// A listing from before the ticket: count it all the same.
+			cp := *st
+			cp.Waiting++
+			st = &cp
+		}
+	}
+	if w.queued != nil && sameHolders(st, w.queued) && delayLeft == 0 && pos == w.position && st.Waiting == w.queued.Waiting {
 		return nil
 	}
-	w.queued = st
+	w.queued, w.position = st, pos
 	h.b.fillTokensCached(st)
 	return w.sendQueued(st, delayLeft)
 }
 
-// turn says whether this waiter may attempt on st: there is a free slot
-// for it among the older waiters of this replica. A request that already
-// holds the key (a client-owned session asking again) always may.
-func (h *hold) turn(st *State) bool {
+// turn says whether this waiter may attempt on st. A request that already
+// holds the key (a client-owned session asking again) always may. A
+// semaphore's waiter may when there is a free slot for it among the older
+// waiters of this replica (its place in the shared order is checked by
+// the attempt, see trySemaphore). A lock's may when the key is free and
+// it is at the head of the key's shared queue: a newcomer when nobody is
+// queued, a waiter when no live ticket is older than its own, or when the
+// key has stood free for queueGrace with the head not taking it.
+func (w *waiter) turn(st *State) bool {
+	h := w.h
 	if _, ok := st.holder(h.session); ok {
 		return true
 	}
-	free := 1 - len(st.Holders)
 	if h.sem {
-		free = int(h.limit) - len(st.Holders)
+		// The shared order (the contender entries' CreateIndex) decides,
+		// as the attempt does (trySemaphore): a local order that
+		// disagreed would leave two waiters each waiting for the other.
+		free := int(h.limit) - len(st.Holders)
+		if _, ok := st.contenders[h.session]; ok && !mutantNoSharedQueue {
+			return h.semPosition(st)-1 < free
+		}
+		return h.sub.rank() < free
 	}
-	return h.sub.rank() < free
+	if mutantNoSharedQueue {
+		return h.sub.rank() < 1-len(st.Holders)
+	}
+	if len(st.Holders) > 0 {
+		w.freeSince = time.Time{}
+		return false
+	}
+	if h.sub.courtesyLeft() > 0 {
+		return false
+	}
+	if h.ticket == nil {
+		return !st.othersQueued(h.session)
+	}
+	if h.aheadOf(st) == 0 {
+		return true
+	}
+	if w.freeSince.IsZero() {
+		w.freeSince = time.Now()
+	}
+	return time.Since(w.freeSince) >= queueGrace
+}
+
+// graceLeft is how long until a waiter may take the free key (see turn)
+// when time is what it waits for: a courtesy to Consul's own clients, or
+// the grace of a silent head.
+func (w *waiter) graceLeft(st *State) (time.Duration, bool) {
+	if st == nil || len(st.Holders) > 0 || w.h.sem {
+		return 0, false
+	}
+	if c := w.h.sub.courtesyLeft(); c > 0 {
+		return c, true
+	}
+	if w.freeSince.IsZero() {
+		return 0, false
+	}
+	return max(time.Until(w.freeSince.Add(queueGrace)), time.Millisecond), true
+}
+
+// courtesyLeft is how long this replica's waiters still leave the key
+// free (handoffChain).
+func (s *sub) courtesyLeft() time.Duration {
+	s.kw.mu.Lock()
+	defer s.kw.mu.Unlock()
+	return time.Until(s.kw.courtesy)
 }
 
 // conflict says why st cannot be held the way this request asks.

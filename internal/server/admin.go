@@ -51,6 +51,7 @@ func (s *AdminService) ListHolds(ctx context.Context, req *lockbrokerv1.ListHold
 			Token:       h.Token,
 			Replica:     h.Replica,
 			Waiting:     h.Waiting,
+			Position:    uint32(max(h.Position, 0)),
 		}
 		if !h.Since.IsZero() {
 			hi.Since = timestamppb.New(h.Since)

@@ -31,7 +31,7 @@ func stateToProto(st *broker.State) *lockbrokerv1.LockState {
 	if st == nil {
 		return nil
 	}
-	out := &lockbrokerv1.LockState{Key: st.Key, Kind: kinds[st.Kind], Limit: st.Limit, Index: st.Index}
+	out := &lockbrokerv1.LockState{Key: st.Key, Kind: kinds[st.Kind], Limit: st.Limit, Index: st.Index, Waiting: uint32(max(st.Waiting, 0))}
 	for _, h := range st.Holders {
 		out.Holders = append(out.Holders, &lockbrokerv1.Holder{
 			SessionId:   h.Session,
@@ -97,7 +97,7 @@ func sessionToProto(s *broker.SessionInfo) *lockbrokerv1.Session {
 func eventToProto(e broker.Event) *lockbrokerv1.AcquireResponse {
 	switch e.Kind {
 	case broker.EventQueued:
-		q := &lockbrokerv1.AcquireQueued{State: stateToProto(e.State), SessionId: e.Session}
+		q := &lockbrokerv1.AcquireQueued{State: stateToProto(e.State), SessionId: e.Session, Position: uint32(max(e.Position, 0))}
 		if e.Heartbeat > 0 {
 			q.Heartbeat = durationpb.New(e.Heartbeat)
 		}

@@ -26,6 +26,7 @@ var Mutants = map[string]string{
 	"no-loss-notice":  "mutant_no_loss_notice",
 	"no-fencing":      "",
 	"no-resume-fence": "mutant_no_resume_fence",
+	"no-shared-queue": "mutant_no_shared_queue",
 }
 
 // BuildBroker builds cmd/broker from the module at src into dir, with the

@@ -40,6 +40,8 @@ type Client struct {
 	Key   string
 	Limit int
 	Links []*Link // one per broker, in broker order
+	// Pin is the one broker a hot-key client uses (-1: every broker).
+	Pin int
 
 	env     *Env
 	conns   []*grpc.ClientConn
@@ -66,7 +68,7 @@ func (c *Client) Replica() int {
 
 // NewClient dials every link (lazily, as gRPC does).
 func NewClient(id int, kind ClientKind, key string, limit int, links []*Link, env *Env, seed uint64) (*Client, error) {
-	c := &Client{ID: id, Kind: kind, Key: key, Limit: limit, Links: links, env: env,
+	c := &Client{ID: id, Kind: kind, Key: key, Limit: limit, Links: links, Pin: -1, env: env,
 		rng: rand.New(rand.NewPCG(seed, uint64(id))), gate: newGate()}
 	for _, l := range links {
 		conn, err := grpc.NewClient(l.Addr(),
@@ -137,6 +139,9 @@ func (c *Client) between(lo, hi time.Duration) time.Duration {
 
 // holdTime is how long the next hold is kept.
 func (c *Client) holdTime() time.Duration {
+	if c.hotKey() {
+		return c.between(20*time.Millisecond, 40*time.Millisecond)
+	}
 	if c.env.Quiet.Load() {
 		return c.between(100*time.Millisecond, 400*time.Millisecond)
 	}
@@ -169,6 +174,10 @@ type acquireFunc func(ctx context.Context) (lease, *lockbrokerv1.Sequencer, erro
 func (c *Client) loop(ctx context.Context, acquire acquireFunc, writes bool) {
 	for ctx.Err() == nil {
 		c.gate.wait(ctx)
+		if c.hotKey() && !c.env.Quiet.Load() {
+			sleep(ctx, 100*time.Millisecond) // the hot key is used in quiet periods only
+			continue
+		}
 		call := c.env.Hist.Now()
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		l, seq, err := acquire(actx)
@@ -189,9 +198,14 @@ func (c *Client) loop(ctx context.Context, acquire acquireFunc, writes bool) {
 		h := c.env.Hist.StartHold(Hold{Client: c.ID, Kind: c.Kind, Key: c.Key, Limit: c.Limit,
 			Token: seq.GetToken(), Session: seq.GetSessionId(), Call: call, Acquired: ret})
 		c.hold(ctx, l, seq, h, writes)
-		sleep(ctx, c.between(0, 300*time.Millisecond))
+		if c.Kind != KindHot { // a hot client asks again at once
+			sleep(ctx, c.between(0, 300*time.Millisecond))
+		}
 	}
 }
+
+// hotKey reports whether the client uses the hot key.
+func (c *Client) hotKey() bool { return c.Kind == KindHot || c.Kind == KindFar }
 
 // hold keeps a believed hold until it is lost, its time is up, or ctx
 // ends, writing to the fenced resource and checking the sequencer.
@@ -326,6 +340,9 @@ func (c *Client) checkSequencer(ctx context.Context, seq *lockbrokerv1.Sequencer
 // (first: the client's replica 0 is broker first, its replica i broker
 // first+i).
 func (c *Client) libClient() (cl *client.Client, first int) {
+	if c.Pin >= 0 {
+		return client.New(c.conns[c.Pin]), c.Pin
+	}
 	first = c.rng.IntN(len(c.conns))
 	var rest []grpc.ClientConnInterface
 	for i := 1; i < len(c.conns); i++ {

@@ -50,6 +50,10 @@ func TestPlanShortAndMutants(t *testing.T) {
 		for _, k := range mp.Must {
 			assert.Positive(t, ms.ByKind()[k], "%s: %s is planned", m, k)
 		}
+		if m == "no-shared-queue" {
+			assert.False(t, ms.Segments[0].Chaos, "no-shared-queue: quiet, for the starvation checker")
+			assert.Positive(t, mp.Hot*mp.Far, "no-shared-queue: the hot key is used")
+		}
 	}
 }
 

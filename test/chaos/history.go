@@ -16,6 +16,11 @@ const (
 	KindSem      ClientKind = "sem"      // semaphore slot via client/
 	KindElect    ClientKind = "elect"    // leader-election candidate via client/
 	KindObserver ClientKind = "observer" // watches an election key
+	// The hot key (quiet periods only): clients of one replica passing it
+	// among themselves, and waiters on the other replicas, which a queue
+	// per replica would starve (see CheckStarvation).
+	KindHot ClientKind = "hot" // Go client on broker 0 only; holds 20–40ms, asks again at once
+	KindFar ClientKind = "far" // Go client on one other broker only; holds 20–40ms
 )
 
 // End reasons of a hold, as the client saw them. A loss names the broker's

@@ -95,6 +95,9 @@ func (r *run) report(s *Snapshot, sched *Schedule, left Leftovers, d time.Durati
 		s.Quiets = nil
 	}
 	rep.Checkers = append(rep.Checkers, CheckLiveness(s, r.p.Recovery(), r.p.Vanish(), kinds))
+	sb := starvationBounds
+	sb.Settle = r.p.Recovery()
+	rep.Checkers = append(rep.Checkers, CheckStarvation(s, sb))
 	rep.Checkers = append(rep.Checkers, CheckLeaks(left))
 	r.mu.Lock()
 	rep.Notes = append(rep.Notes, r.notes...)

@@ -28,8 +28,11 @@ type Profile struct {
 	// Clients by kind, and the keys they share.
 	Lib, Raw, Sem, Elect, Observers int
 	LockKeys, SemKeys, ElectKeys    int
-	SemLimit                        int
-	TTL, LockDelay                  time.Duration
+	// Hot clients pass the hot key among themselves on broker 0, and Far
+	// clients wait for it on the other brokers, in quiet periods only.
+	Hot, Far       int
+	SemLimit       int
+	TTL, LockDelay time.Duration
 	// Weights override fault weights (0 removes a kind); Must are kinds
 	// placed first in their lane.
 	Weights map[string]float64
@@ -41,6 +44,10 @@ type Profile struct {
 	LongHolds bool
 	// LinTimeout bounds porcupine.
 	LinTimeout time.Duration
+	// OwnCluster: the run starts a Consul cluster of its own, of Servers
+	// servers (0: 3), even when a shared one is offered.
+	OwnCluster bool
+	Servers    int
 }
 
 // Recovery is the liveness bound's first part: 2×TTL (Consul expires an
@@ -56,12 +63,12 @@ func (p Profile) Vanish() time.Duration { return 20*time.Second + p.LockDelay + 
 // Profiles are the built-in profiles.
 var Profiles = map[string]Profile{
 	"short": {Name: "short", Total: 85 * time.Second, ChaosLen: 45 * time.Second, QuietLen: 40 * time.Second,
-		Brokers: 3, Lib: 20, Raw: 3, Sem: 4, Elect: 3, Observers: 2, LockKeys: 5, SemKeys: 1, ElectKeys: 1, SemLimit: 3,
+		Brokers: 3, Lib: 20, Raw: 3, Sem: 4, Elect: 3, Observers: 2, LockKeys: 5, SemKeys: 1, ElectKeys: 1, SemLimit: 3, Hot: 3, Far: 2,
 		TTL: 10 * time.Second, LockDelay: 2 * time.Second, CheckLiveness: true, LinTimeout: 30 * time.Second,
 		Must:    []string{FClientFreezeReset, FBrokerTerm},
 		Weights: map[string]float64{FConsulRestartAll: 0.3}},
 	"full": {Name: "full", Total: 20 * time.Minute, ChaosLen: 150 * time.Second, QuietLen: 45 * time.Second,
-		Brokers: 3, Lib: 50, Raw: 6, Sem: 8, Elect: 6, Observers: 4, LockKeys: 12, SemKeys: 2, ElectKeys: 2, SemLimit: 3,
+		Brokers: 3, Lib: 50, Raw: 6, Sem: 8, Elect: 6, Observers: 4, LockKeys: 12, SemKeys: 2, ElectKeys: 2, SemLimit: 3, Hot: 3, Far: 2,
 		TTL: 10 * time.Second, LockDelay: 2 * time.Second, CheckLiveness: true, LinTimeout: 3 * time.Minute,
 		Must: []string{FClientFreezeReset, FBrokerTerm, FClientFreeze}},
 }
@@ -70,7 +77,8 @@ var Profiles = map[string]Profile{
 // period, with the faults that exercise what the mutant breaks placed
 // first (admin session destroys for no-loss-notice, a client freeze for
 // no-fencing, rolling restarts and client link resets for
-// no-resume-fence), then the usual mix.
+// no-resume-fence), then the usual mix. No-shared-queue gets 32s of quiet
+// instead: what it breaks shows without faults, on the hot key.
 func MutantProfile(mutant string) Profile {
 	p := Profiles["short"]
 	p.Name = "mutant-" + mutant
@@ -78,6 +86,7 @@ func MutantProfile(mutant string) Profile {
 	p.CheckLiveness = false
 	p.Lib, p.Raw, p.Sem, p.Elect, p.Observers = 12, 2, 3, 3, 1
 	p.LockKeys = 3
+	p.Hot, p.Far = 0, 0
 	p.Weights = map[string]float64{FConsulRestartAll: 0, FBrokerPauseLong: 0.5}
 	switch mutant {
 	case "no-loss-notice":
@@ -95,6 +104,15 @@ func MutantProfile(mutant string) Profile {
 		p.Weights[FBrokerTerm] = 2
 		p.Weights[FClientReset] = 3
 		p.LongHolds = true
+	case "no-shared-queue":
+		// Broker 0 passes the hot key among its own clients: the waiters
+		// on the other replicas wait past the starvation bound.
+		// The other mutants' Consul faults on the shared cluster would
+		// disturb its waits: one server of its own.
+		p.ChaosLen, p.QuietLen = 0, 32*time.Second
+		p.Must = nil
+		p.Hot, p.Far = 3, 2
+		p.OwnCluster, p.Servers = true, 1
 	}
 	return p
 }
@@ -106,8 +124,8 @@ type Config struct {
 	Mutant    string // "" for the real thing
 	BrokerBin string // built with BuildBroker
 	OutDir    string // logs, report, visualization
-	// Cluster, if set, is used (and left running); otherwise the run
-	// starts its own.
+	// Cluster, if set, is used (and left running); otherwise, or when
+	// the profile asks for its own (OwnCluster), the run starts its own.
 	Cluster  *consultest.Cluster
 	Progress io.Writer
 }
@@ -124,9 +142,11 @@ type run struct {
 	brokers []*Broker
 	links   []*Link // broker i's link to Consul
 	clients []*Client
-	env     *Env
-	faults  faultStats
-	quiet   atomic.Bool
+	// faultable are the clients a client fault may hit (not the hot key's).
+	faultable []*Client
+	env       *Env
+	faults    faultStats
+	quiet     atomic.Bool
 
 	mu    sync.Mutex
 	exits []string // unclean SIGTERM exits
@@ -156,8 +176,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		sched.Count(), describeKinds(sched.ByKind()))
 
 	r.cluster = cfg.Cluster
-	if r.cluster == nil {
-		c, err := StartCluster(ctx, cfg.OutDir)
+	if r.cluster == nil || p.OwnCluster {
+		c, err := StartCluster(ctx, cfg.OutDir, p.Servers)
 		if err != nil {
 			return nil, err
 		}
@@ -242,14 +262,14 @@ type Cluster struct {
 	logs []*os.File
 }
 
-// StartCluster starts a 3-server Consul cluster (for one run, or for
-// several to share) with the servers' logs in dir.
-func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
+// StartCluster starts a Consul cluster of servers servers (0: 3), for
+// one run or for several to share, with the servers' logs in dir.
+func StartCluster(ctx context.Context, dir string, servers int) (*Cluster, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	c := &Cluster{}
-	cc, err := consultest.StartCluster(ctx, consultest.ClusterConfig{LogWriter: func(i int) io.Writer {
+	cc, err := consultest.StartCluster(ctx, consultest.ClusterConfig{Servers: servers, LogWriter: func(i int) io.Writer {
 		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("consul-%d.log", i)))
 		if err != nil {
 			return nil
@@ -320,7 +340,7 @@ func (r *run) startBrokers(ctx context.Context) error {
 
 func (r *run) startClients() error {
 	id := 0
-	add := func(kind ClientKind, key string, limit int) error {
+	add := func(kind ClientKind, key string, limit int, pin int) error {
 		id++
 		var links []*Link
 		for j, b := range r.brokers {
@@ -334,36 +354,51 @@ func (r *run) startClients() error {
 		if err != nil {
 			return err
 		}
+		c.Pin = pin
 		r.hist.SetLimit(key, limit)
 		r.clients = append(r.clients, c)
 		return nil
 	}
 	lockKey := func(i int) string { return fmt.Sprintf("%s/lock/%d", r.prefix, i%r.p.LockKeys) }
 	for i := range r.p.Lib {
-		if err := add(KindLib, lockKey(i), 1); err != nil {
+		if err := add(KindLib, lockKey(i), 1, -1); err != nil {
 			return err
 		}
 	}
 	for i := range r.p.Raw {
-		if err := add(KindRaw, lockKey(i), 1); err != nil {
+		if err := add(KindRaw, lockKey(i), 1, -1); err != nil {
 			return err
 		}
 	}
 	for i := range r.p.Sem {
-		if err := add(KindSem, fmt.Sprintf("%s/sem/%d", r.prefix, i%max(r.p.SemKeys, 1)), r.p.SemLimit); err != nil {
+		if err := add(KindSem, fmt.Sprintf("%s/sem/%d", r.prefix, i%max(r.p.SemKeys, 1)), r.p.SemLimit, -1); err != nil {
 			return err
 		}
 	}
 	for i := range r.p.Elect {
-		if err := add(KindElect, fmt.Sprintf("%s/elect/%d", r.prefix, i%max(r.p.ElectKeys, 1)), 1); err != nil {
+		if err := add(KindElect, fmt.Sprintf("%s/elect/%d", r.prefix, i%max(r.p.ElectKeys, 1)), 1, -1); err != nil {
 			return err
 		}
 	}
 	for i := range r.p.Observers {
-		if err := add(KindObserver, fmt.Sprintf("%s/elect/%d", r.prefix, i%max(r.p.ElectKeys, 1)), 1); err != nil {
+		if err := add(KindObserver, fmt.Sprintf("%s/elect/%d", r.prefix, i%max(r.p.ElectKeys, 1)), 1, -1); err != nil {
 			return err
 		}
 	}
+	hot := r.prefix + "/hot"
+	for range r.p.Hot {
+		if err := add(KindHot, hot, 1, 0); err != nil {
+			return err
+		}
+	}
+	for i := range r.p.Far {
+		if err := add(KindFar, hot, 1, 1+i%max(len(r.brokers)-1, 1)); err != nil {
+			return err
+		}
+	}
+	// The hot key's clients are idle outside quiet periods: no client
+	// fault picks them.
+	r.faultable = r.clients[:len(r.clients)-r.p.Hot-r.p.Far]
 	return nil
 }
 
@@ -656,7 +691,7 @@ func (r *run) inject(ctx context.Context, p Planned) {
 		all := p.Pick%2 == 0 && p.Kind == FClientPartition
 		broker := pick(len(r.brokers))
 		for k := range n {
-			c := r.clients[int((p.Pick>>8+uint64(k)*7919)%uint64(len(r.clients)))]
+			c := r.faultable[int((p.Pick>>8+uint64(k)*7919)%uint64(len(r.faultable)))]
 			targets = append(targets, c.Name())
 			ids = append(ids, c.ID)
 			for j, l := range c.Links {

@@ -108,7 +108,9 @@ func TestHandOffIsOneTransaction(t *testing.T) {
 			}
 			writes := r.Store.OpCounts()["kv_txn_write"] - before
 			t.Logf("%d hand-offs, %d write transactions", n, writes)
-			assert.LessOrEqual(t, writes, uint64(2*n+2), "one write per hand-off plus one per old holder's clean-up")
+			// Each waiter takes a ticket in the key's shared queue (one
+			// write); the hand-off removes it in its own transaction.
+			assert.LessOrEqual(t, writes, uint64(3*n+2), "one write per waiter's ticket, one per hand-off and one per old holder's clean-up")
 		})
 	}
 }

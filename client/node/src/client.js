@@ -1,7 +1,7 @@
 // The Node client: Client, Lease, Election over Connect's gRPC transport.
 
 import { clone, create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
+import { Code, createClient } from "@connectrpc/connect";
 import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
 
 import {
@@ -11,7 +11,7 @@ import {
   LostReason,
 } from "../gen/lockbroker/v1/lock_pb.js";
 import { SessionService } from "../gen/lockbroker/v1/session_pb.js";
-import { SessionBehavior } from "../gen/lockbroker/v1/types_pb.js";
+import { SequencerSchema, SessionBehavior } from "../gen/lockbroker/v1/types_pb.js";
 import {
   CancelledError,
   InvalidArgumentError,
@@ -31,6 +31,7 @@ import {
 } from "./errors.js";
 import {
   SNAPSHOT_COMPLETE,
+  queuedFromProto,
   sequencerFromProto,
   sequencerToProto,
   sessionInfoFromProto,
@@ -147,6 +148,50 @@ class Reader {
 
   cancel() {
     this.abort.abort();
+  }
+}
+
+// A waiting request's place in its key's shared queue, carried from
+// replica to replica as the Go client does (client/lease.go openAt).
+// `queued` names the session the request waits with; when the wait moves
+// (its stream failed UNAVAILABLE, or its replica went silent), the request
+// on the next replica resumes the wait with that session and no token
+// (AcquireRequest.resume), so it keeps its place. When the broker answers
+// that the place is gone (FAILED_PRECONDITION or NOT_FOUND: the session
+// ended), the original request waits anew on the same replica. A request
+// that names its own sessionId keeps sending it. onQueued hears every
+// `queued`.
+class WaitPlace {
+  constructor(req, onQueued) {
+    this.req = req;
+    this.onQueued = onQueued;
+    this.sessionId = "";
+    this.resuming = false; // the last request() resumed the wait
+  }
+
+  // The request to send to the next replica.
+  request() {
+    this.resuming = this.sessionId !== "" && this.req.session.case !== "sessionId";
+    if (!this.resuming) return this.req;
+    const r = clone(AcquireRequestSchema, this.req);
+    r.session = { case: "resume", value: create(SequencerSchema, { key: this.req.key, sessionId: this.sessionId }) };
+    return r;
+  }
+
+  // Whether err refuses a resumed wait because its place is gone: the
+  // original request is to be sent instead.
+  gone(err) {
+    if (!this.resuming || !(err instanceof LockbrokerError)) return false;
+    if (err.code !== Code.FailedPrecondition && err.code !== Code.NotFound) return false;
+    this.resuming = false;
+    this.sessionId = "";
+    return true;
+  }
+
+  // Notes the session of a `queued` event and tells onQueued.
+  heard(queued) {
+    if (queued.sessionId) this.sessionId = queued.sessionId;
+    if (this.onQueued) callSafely(this.onQueued, queuedFromProto(queued), "onQueued");
   }
 }
 
@@ -268,32 +313,49 @@ export class Client {
     }
   }
 
-  async _acquire(req, { wait, signal } = {}) {
+  async _acquire(req, { wait, signal, onQueued } = {}) {
     if (this._closed) throw new CancelledError("client closed");
     signal?.throwIfAborted();
     // The broker enforces `wait`; the local bound only guards against a
     // broker that stops answering while we queue.
     const localEnd = wait === undefined || wait === null ? undefined : now() + wait * 1000 + 10_000;
+    const place = new WaitPlace(req, onQueued);
     let last;
     for (const i of this._order()) {
-      const reader = new Reader((s) => this._locks[i].acquire(req, this._callOptions({ signal: s })));
-      const onAbort = () => reader.cancel();
-      signal?.addEventListener("abort", onAbort, { once: true });
       try {
-        const lease = await this._awaitGrant(i, req, reader, localEnd, signal);
+        let lease;
+        try {
+          lease = await this._waitAt(i, place.request(), place, localEnd, signal);
+        } catch (e) {
+          if (signal?.aborted || !place.gone(e)) throw e;
+          lease = await this._waitAt(i, req, place, localEnd, signal);
+        }
         this._preferred = i;
         return lease;
       } catch (e) {
-        reader.cancel();
         if (signal?.aborted) throw signal.reason;
         last = e;
         if (e instanceof LockbrokerError && failoverOk(e)) continue;
         throw e;
-      } finally {
-        signal?.removeEventListener("abort", onAbort);
       }
     }
     throw last;
+  }
+
+  // Sends `sent` (place.req, or it resuming the wait) to replica i and
+  // waits there for the grant.
+  async _waitAt(i, sent, place, localEnd, signal) {
+    const reader = new Reader((s) => this._locks[i].acquire(sent, this._callOptions({ signal: s })));
+    const onAbort = () => reader.cancel();
+    signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      return await this._awaitGrant(i, place, reader, localEnd, signal);
+    } catch (e) {
+      reader.cancel();
+      throw e;
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+    }
   }
 
   // When a waiting stream last heard from at `heard` is taken for stalled:
@@ -309,7 +371,8 @@ export class Client {
   // attempt with UnavailableError, as a broken stream does, so _acquire
   // cancels the stream (the broker releases a grant it sent meanwhile) and
   // moves to the next replica.
-  async _awaitGrant(i, req, reader, localEnd, signal) {
+  async _awaitGrant(i, place, reader, localEnd, signal) {
+    const req = place.req;
     let heartbeat = 0; // ms, as the broker last announced it
     let stallAt = Infinity;
     for (;;) {
@@ -331,7 +394,16 @@ export class Client {
       const [t, msg] = item;
       if (msg === END || msg instanceof Error) {
         if (signal?.aborted) throw signal.reason;
-        const err = streamError(msg);
+        let err = streamError(msg);
+        if (err instanceof CancelledError && !reader.abort.signal.aborted) {
+          // Nobody here cancelled the call: its connection went away (a
+          // replica killed: HTTP/2 reports the reset as CANCEL). The wait
+          // moves on as from any broken stream.
+          err = new UnavailableError(`the stream to ${this.targets[i]} broke while the request waited: ${err.message}`, {
+            code: Code.Unavailable,
+            cause: err,
+          });
+        }
         if (err.holders.length === 0 && err.state === undefined && isBusy(err)) {
           try {
             err.state = await this.getLock(req.key);
@@ -342,7 +414,10 @@ export class Client {
         throw err;
       }
       const ev = msg.event;
-      if (ev.case === "queued") heartbeat = durationMs(ev.value.heartbeat) || heartbeat;
+      if (ev.case === "queued") {
+        heartbeat = durationMs(ev.value.heartbeat) || heartbeat;
+        place.heard(ev.value);
+      }
       stallAt = this._waitStallAt(t, heartbeat);
       if (ev.case === "acquired") {
         const seq = sequencerFromProto(ev.value.sequencer);
@@ -865,12 +940,12 @@ export class Lease {
   }
 }
 
-function callSafely(cb, err) {
+function callSafely(cb, arg, what = "onLost") {
   try {
-    const r = cb(err);
-    if (r && typeof r.catch === "function") r.catch((e) => console.error("lockbroker: onLost callback failed:", e));
+    const r = cb(arg);
+    if (r && typeof r.catch === "function") r.catch((e) => console.error(`lockbroker: ${what} callback failed:`, e));
   } catch (e) {
-    console.error("lockbroker: onLost callback failed:", e);
+    console.error(`lockbroker: ${what} callback failed:`, e);
   }
 }
 

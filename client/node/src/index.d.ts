@@ -97,6 +97,21 @@ export interface LockOptions extends SessionOptions {
   value?: string | Uint8Array;
   /** Aborting it gives up waiting (the promise rejects with the signal's reason). It does not affect a granted lease. */
   signal?: AbortSignal;
+  /**
+   * Called each time the broker says the request waits, with its place in
+   * the key's shared queue. A wait that moves to another replica keeps it.
+   */
+  onQueued?: (queued: Queued) => unknown;
+}
+
+/** What a waiting lock() or semaphore() hears while it waits (the broker's `queued` event). */
+export interface Queued {
+  /** The place in the key's shared queue, which every replica serves in arrival order: 1 is next; 0 when the broker does not say. */
+  readonly position: number;
+  /** How many broker requests wait for the key in all. */
+  readonly waiting: number;
+  /** Who holds the key now. */
+  readonly state: State | null;
 }
 
 export interface SemaphoreOptions extends LockOptions {

@@ -61,6 +61,14 @@ export function stateFromProto(p) {
   });
 }
 
+export function queuedFromProto(p) {
+  return Object.freeze({
+    position: p.position,
+    waiting: p.state?.waiting ?? 0,
+    state: p.state ? stateFromProto(p.state) : null,
+  });
+}
+
 const BEHAVIOR_NAMES = { [SessionBehavior.UNSPECIFIED]: "release", [SessionBehavior.RELEASE]: "release", [SessionBehavior.DELETE]: "delete" };
 
 export function sessionInfoFromProto(p) {

@@ -424,3 +424,156 @@ test("prefix watch: the states, SNAPSHOT_COMPLETE, then changes", (t) =>
       await it.return();
     }
   }));
+
+// -- the key's shared queue: onQueued tells the place, a moved wait keeps it --
+
+const LEASE = { ttl: 10, lockDelay: 0 };
+
+// A lock(k) waiting through a client of `targets` (the first is where it
+// waits first): `heard` collects what its onQueued hears; `lease` or
+// `error` is set when it ends.
+function waiter(make, targets, k) {
+  const w = { heard: [], lease: undefined, error: undefined };
+  const c = make(targets[0], { targets: targets.slice(1) });
+  c.lock(k, { ...LEASE, onQueued: (q) => w.heard.push(q) }).then(
+    (l) => (w.lease = l),
+    (e) => (w.error = e),
+  );
+  // The first Queued heard from index `from` on that says place n (and, if
+  // given, that `waiting` requests wait).
+  w.place = (n, { waiting, from = 0, timeoutMs = 10_000 } = {}) =>
+    waitFor(
+      () => w.heard.slice(from).find((q) => q.position === n && (waiting === undefined || q.waiting === waiting)),
+      timeoutMs,
+      `place ${n} (waiting ${waiting}) for ${k}`,
+    ).catch((e) => {
+      throw new Error(`${e.message}; heard [place, waiting] ${JSON.stringify(w.heard.map((q) => [q.position, q.waiting]))}`);
+    });
+  w.granted = async (timeoutMs) => {
+    await waitFor(() => w.lease || w.error, timeoutMs, `the grant of ${k}`);
+    if (w.error) throw w.error;
+    return w.lease;
+  };
+  return w;
+}
+
+// The live tickets of k's shared queue, oldest first (a ticket whose
+// session ended stays, unlocked, until a broker deletes it).
+async function queueTickets(k) {
+  let ps;
+  try {
+    ps = (await cluster.consul.http("GET", `/v1/kv/${k}/.queue/?recurse&consistent`)) ?? [];
+  } catch (e) {
+    if (/: 404 /.test(e.message)) return [];
+    throw e;
+  }
+  return ps.filter((p) => p.Session).sort((x, y) => x.CreateIndex - y.CreateIndex);
+}
+
+test("onQueued: two waiters behind a holder hear places 1 and 2; the second moves up when the first is granted", () =>
+  using(async (make) => {
+    const k = key("queue-place");
+    const holder = await make().lock(k, LEASE);
+    const first = waiter(make, [shared.addr], k);
+    const q1 = await first.place(1);
+    assert.equal(q1.state.holder.sessionId, holder.sessionId);
+    const second = waiter(make, [shared.addr], k);
+    // The first `queued` may count the waiters before the second's ticket;
+    // the next one (at once) counts it.
+    const q2 = await second.place(2, { waiting: 2, timeoutMs: 5000 });
+    assert.equal(q2.state.holder.sessionId, holder.sessionId);
+    const heard = second.heard.length;
+    await holder.release();
+    const lease = await first.granted(10_000);
+    const q = await second.place(1, { from: heard });
+    assert.equal(q.state.holder.sessionId, lease.sessionId);
+  }));
+
+// A wait queued on replica A behind a holder, with later waiters queued on
+// B and the shared replica after it, moves to B when A is SIGKILLed: it
+// resumes with its session, so its ticket keeps its place (same session,
+// same CreateIndex, written again by B), and it is granted before the
+// later waiters.
+test("a wait moved off a SIGKILLed replica keeps its place in the shared queue", (t) =>
+  using(async (make) => {
+    const a = await cluster.broker("queue-move-a");
+    const b = await cluster.broker("queue-move-b");
+    try {
+      const k = key("queue-move");
+      const holder = await make().lock(k, LEASE);
+      const moved = waiter(make, [a.addr, b.addr], k);
+      await moved.place(1);
+      const tickets = await waitFor(() => queueTickets(k).then((ts) => ts.length && ts), 5000, "the wait's ticket");
+      assert.equal(tickets.length, 1);
+      const [{ CreateIndex: created, ModifyIndex: modified, Session: session }] = tickets;
+      const later = [];
+      for (const [n, r] of [[2, b], [3, shared]]) {
+        const w = waiter(make, [r.addr], k); // one after the other: arrival order
+        later.push(w);
+        await w.place(n);
+      }
+
+      a.signal("SIGKILL");
+      const killed = performance.now();
+      const ticket = await waitFor(
+        async () => {
+          if (moved.error) throw moved.error; // the wait ended instead of moving
+          return (await queueTickets(k)).find((p) => p.Session === session && p.ModifyIndex !== modified);
+        },
+        10_000,
+        "the wait's ticket written again by B (same session)",
+      );
+      t.diagnostic(`the wait moved to B with its place ${Math.round(performance.now() - killed)} ms after A was killed`);
+      assert.equal(ticket.CreateIndex, created, "the moved wait's ticket lost its place");
+      await moved.place(1, { from: moved.heard.length });
+
+      await holder.release();
+      const lease = await moved.granted(10_000);
+      assert.equal(lease.target, b.addr);
+      assert.equal(lease.sessionId, session, "the moved wait was granted on another session");
+      for (const w of later) assert.equal(w.lease, undefined, "a later waiter was granted before the moved one");
+      assert.equal(await lease.release(), true);
+      const next = await later[0].granted(10_000);
+      assert.ok(next.token > lease.token);
+    } finally {
+      await a.stop();
+      await b.stop();
+    }
+  }));
+
+// A wait whose session ended while its replica was stopped cannot resume
+// its place on the next replica (FAILED_PRECONDITION or NOT_FOUND): the
+// library sends its original request there, a fresh wait, which gets the
+// key when the holder lets go.
+test("a moved wait whose place is gone waits anew", () =>
+  using(async (make) => {
+    const a = await cluster.broker("queue-gone-a");
+    const b = await cluster.broker("queue-gone-b");
+    try {
+      const k = key("queue-gone");
+      const holder = await make().lock(k, LEASE);
+      const moved = waiter(make, [a.addr, b.addr], k);
+      await moved.place(1);
+      const [{ Session: session }] = await waitFor(() => queueTickets(k).then((ts) => ts.length && ts), 5000, "the wait's ticket");
+      a.signal("SIGSTOP");
+      await cluster.consul.destroySession(session);
+      // The wait moves after three heartbeats of silence, is refused its
+      // place, and queues anew with another session.
+      const [fresh] = await waitFor(
+        async () => {
+          const ts = (await queueTickets(k)).filter((p) => p.Session !== session);
+          return ts.length && ts;
+        },
+        3 * QUEUED_HEARTBEAT_MS + 9000,
+        "a fresh ticket",
+      );
+      await holder.release();
+      const lease = await moved.granted(10_000);
+      assert.equal(lease.target, b.addr);
+      assert.equal(lease.sessionId, fresh.Session);
+      assert.notEqual(lease.sessionId, session);
+    } finally {
+      await a.stop();
+      await b.stop();
+    }
+  }));

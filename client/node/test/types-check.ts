@@ -8,6 +8,7 @@ import {
   SNAPSHOT_COMPLETE,
   type Holder,
   type Lease,
+  type Queued,
   type State,
 } from "@lockbroker/client";
 
@@ -21,6 +22,9 @@ export async function example(): Promise<bigint> {
   void deadline;
   await lease.release();
   await lease[Symbol.asyncDispose]();
+
+  const queued = await client.lock("k", { onQueued: (q: Queued) => console.log(q.position, q.waiting, q.state?.holder) });
+  await queued.release();
 
   const maybe: Lease | null = await client.tryLock("k");
   if (maybe === null) console.log("busy");

@@ -19,7 +19,7 @@ protect. `lockbroker.aio` is the same API for asyncio.
 from ._core import TLS
 from ._sessions import SessionInfo, SessionSummary
 from ._sync import Client, Election, Lease
-from ._types import SNAPSHOT_COMPLETE, Holder, Sequencer, State
+from ._types import SNAPSHOT_COMPLETE, Holder, Queued, Sequencer, State
 from .errors import (Busy, Cancelled, Conflict, Internal, InvalidArgument, LockbrokerError, LockDelay, LockHeld,
                      LockLost, NotHolder, NotLeader, PermissionDenied, QuotaExceeded, Rejected, ResumeRefused, SessionLost,
                      SessionNotFound, Unauthenticated, Unavailable, Unimplemented, WaitTimeout)
@@ -27,7 +27,7 @@ from .errors import (Busy, Cancelled, Conflict, Internal, InvalidArgument, Lockb
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Lease", "Election", "TLS", "Sequencer", "Holder", "State", "SNAPSHOT_COMPLETE", "SessionInfo",
+    "Client", "Lease", "Election", "TLS", "Sequencer", "Holder", "State", "Queued", "SNAPSHOT_COMPLETE", "SessionInfo",
     "SessionSummary", "LockbrokerError", "Busy", "LockHeld", "LockDelay", "WaitTimeout", "InvalidArgument",
     "Conflict", "Rejected", "NotHolder", "NotLeader", "ResumeRefused", "SessionNotFound", "SessionLost", "PermissionDenied",
     "Unauthenticated", "QuotaExceeded", "Unavailable", "Unimplemented", "Cancelled", "Internal", "LockLost",

@@ -11,7 +11,7 @@ from google.protobuf import duration_pb2
 
 from . import errors
 from ._gen.lockbroker.v1 import lock_pb2, session_pb2, types_pb2
-from ._types import Sequencer
+from ._types import Queued, Sequencer
 
 #: How long before the guaranteed deadline the client gives a lease up
 #: when no broker replica is heard from, so that the loss is reported
@@ -158,6 +158,56 @@ class WaitSilence:
     def error(self) -> errors.Unavailable:
         return errors.Unavailable(f"the replica was silent for {WAIT_STALL_BEATS} heartbeats of {self.every:g}s "
                                   "while the request waited", code=grpc.StatusCode.UNAVAILABLE)
+
+
+class WaitPlace:
+    """A waiting request's place in its key's shared queue, carried from
+    replica to replica as the Go client does (client/lease.go openAt).
+
+    `queued` names the session the request waits with. When the wait
+    moves (its stream failed Unavailable, or its replica went silent),
+    the request on the next replica resumes the wait with that session
+    and no token (AcquireRequest.resume), so it keeps its place; when the
+    broker answers that the place is gone (FAILED_PRECONDITION or
+    NOT_FOUND: the session ended), the original request waits anew on
+    the same replica. A request that names its own session_id keeps
+    sending it. `on_queued(Queued)` hears every `queued`."""
+
+    def __init__(self, req, on_queued=None):
+        self.req = req
+        self.on_queued = on_queued
+        self.session_id = ""
+        self.resuming = False  # the last request() resumed the wait
+
+    def request(self):
+        """The request to send to the next replica."""
+        self.resuming = bool(self.session_id) and self.req.WhichOneof("session") != "session_id"
+        if not self.resuming:
+            return self.req
+        r = lock_pb2.AcquireRequest()
+        r.CopyFrom(self.req)
+        r.resume.CopyFrom(types_pb2.Sequencer(key=self.req.key, session_id=self.session_id))
+        return r
+
+    def gone(self, err: errors.LockbrokerError) -> bool:
+        """Whether err refuses a resumed wait because its place is gone:
+        the original request is to be sent instead."""
+        if not self.resuming or err.code not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+            return False
+        self.resuming = False
+        self.session_id = ""
+        return True
+
+    def heard(self, msg) -> Optional[Queued]:
+        """Notes the session of a `queued` msg; its Queued for on_queued
+        (None for other events, or without a callback)."""
+        if msg.WhichOneof("event") != "queued":
+            return None
+        if msg.queued.session_id:
+            self.session_id = msg.queued.session_id
+        if self.on_queued is None:
+            return None
+        return Queued.from_proto(msg.queued)
 
 
 def check_grant(req, seq: Sequencer):

@@ -12,7 +12,7 @@ import grpc
 
 from . import _core, errors
 from ._gen.lockbroker.v1 import lock_pb2, lock_pb2_grpc, session_pb2, session_pb2_grpc
-from ._types import SNAPSHOT_COMPLETE, Holder, Sequencer, State
+from ._types import SNAPSHOT_COMPLETE, Holder, Queued, Sequencer, State
 from ._sessions import SessionInfo, session_info, session_summary
 
 log = logging.getLogger("lockbroker")
@@ -132,7 +132,8 @@ class Client:
 
     def lock(self, key: str, *, ttl: Optional[float] = None, wait: Optional[float] = None,
              value: _core.BytesLike = b"", lock_delay: Optional[float] = None, behavior: Optional[str] = None,
-             checks=(), session_name: Optional[str] = None) -> "Lease":
+             checks=(), session_name: Optional[str] = None,
+             on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
         """Waits until it holds the lock `key` and returns the Lease (a
         context manager: leaving the block releases it).
 
@@ -142,10 +143,14 @@ class Client:
         value: the holder's identity (bytes or str). lock_delay: Consul's
         lock-delay (0 to 60 s; default 15 s). behavior: "release" (default)
         or "delete" the key when the session is invalidated.
+        on_queued: called with a Queued (its `position` in the key's
+        shared queue, 1: next) each time the broker says the request
+        waits, on the calling thread; it must not block. A wait that
+        moves to another replica keeps its place.
         """
         req = _core.acquire_request(key, value=value, wait=wait, ttl=ttl, lock_delay=lock_delay,
                                     behavior=behavior, checks=checks, session_name=session_name)
-        return self._acquire(req, wait)
+        return self._acquire(req, wait, on_queued)
 
     def try_lock(self, key: str, **kw) -> Optional["Lease"]:
         """lock() with wait=0: the Lease, or None when the key is busy
@@ -157,7 +162,8 @@ class Client:
             return None
 
     def semaphore(self, prefix: str, limit: int, *, ttl=None, wait=None, value: _core.BytesLike = b"",
-                  lock_delay=None, behavior=None, checks=(), session_name=None, fair: bool = False) -> "Lease":
+                  lock_delay=None, behavior=None, checks=(), session_name=None, fair: bool = False,
+                  on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
         """Waits for one of `limit` slots of the semaphore at `prefix`
         (Consul's semaphore layout) and returns the Lease. Every holder of
         a prefix must use the same limit (else Conflict). fair: admit
@@ -167,7 +173,7 @@ class Client:
         req = _core.acquire_request(prefix, value=value, limit=limit, semaphore=True, wait=wait, ttl=ttl,
                                     lock_delay=lock_delay, behavior=behavior, checks=checks,
                                     session_name=session_name, fair=fair)
-        return self._acquire(req, wait)
+        return self._acquire(req, wait, on_queued)
 
     def try_semaphore(self, prefix: str, limit: int, **kw) -> Optional["Lease"]:
         """semaphore() with wait=0: the Lease, or None when every slot is taken."""
@@ -177,32 +183,44 @@ class Client:
         except (errors.LockHeld, errors.LockDelay):
             return None
 
-    def _acquire(self, req, wait):
+    def _acquire(self, req, wait, on_queued=None):
         if self._closed:
             raise errors.Cancelled("client closed")
         # The broker enforces `wait`; the local bound only guards against
         # a broker that stops answering while we queue.
         local_end = None if wait is None else _core.now() + wait + 10.0
+        place = _core.WaitPlace(req, on_queued)
         last = None
         for i in self._order():
-            call = self._locks[i].Acquire(req, metadata=self._md())
-            reader = _Reader(call)
             try:
-                lease = self._await_grant(i, req, call, reader, local_end)
+                try:
+                    lease = self._wait_at(i, place.request(), place, local_end)
+                except errors.LockbrokerError as e:
+                    if not place.gone(e):
+                        raise
+                    lease = self._wait_at(i, req, place, local_end)
             except errors.LockbrokerError as e:
-                call.cancel()
                 last = e
                 if _core.failover_ok(e):
                     continue
-                raise
-            except BaseException:
-                call.cancel()
                 raise
             self._prefer(i)
             return lease
         raise last
 
-    def _await_grant(self, i, req, call, reader, local_end):
+    def _wait_at(self, i, sent, place, local_end):
+        """Sends `sent` (place.req, or it resuming the wait) to replica i
+        and waits there for the grant."""
+        call = self._locks[i].Acquire(sent, metadata=self._md())
+        reader = _Reader(call)
+        try:
+            return self._await_grant(i, place, call, reader, local_end)
+        except BaseException:
+            call.cancel()
+            raise
+
+    def _await_grant(self, i, place, call, reader, local_end):
+        req = place.req
         silence = _core.WaitSilence(other_replicas=len(self.targets) > 1)
         while True:
             now = _core.now()
@@ -227,6 +245,9 @@ class Client:
                     self._fill_state(err, req.key)
                 raise err
             silence.heard(t, msg)
+            queued = place.heard(msg)
+            if queued is not None:
+                _call(place.on_queued, queued, "on_queued")
             kind = msg.WhichOneof("event")
             if kind == "acquired":
                 seq = Sequencer.from_proto(msg.acquired.sequencer)
@@ -745,11 +766,11 @@ class Lease:
             _call(cb, outcome)
 
 
-def _call(cb, err):
+def _call(cb, arg, what="on_lost"):
     try:
-        cb(err)
+        cb(arg)
     except Exception:
-        log.exception("on_lost callback failed")
+        log.exception("%s callback failed", what)
 
 
 class Election:

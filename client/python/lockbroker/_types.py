@@ -93,6 +93,27 @@ class State:
         return [h.session_id for h in self.holders]
 
 
+@dataclass(frozen=True)
+class Queued:
+    """What a waiting lock() or semaphore() hears while it waits (the
+    broker's `queued` event), handed to its `on_queued` callback.
+
+    `position` is the request's place in the key's shared queue, which
+    every broker replica serves in arrival order: 1 is next, 0 when the
+    broker does not say. A wait that moves to another replica keeps it.
+    `waiting` is how many broker requests wait for the key in all;
+    `state` is who holds it now.
+    """
+
+    position: int
+    waiting: int
+    state: State
+
+    @classmethod
+    def from_proto(cls, p):
+        return cls(position=p.position, waiting=p.state.waiting, state=State.from_proto(p.state))
+
+
 class _SnapshotComplete:
     """Yielded once by a prefix watch after the state of every key under
     the prefix: every later state is a change."""

@@ -26,7 +26,7 @@ import grpc.aio
 from . import _core, errors
 from ._gen.lockbroker.v1 import lock_pb2, lock_pb2_grpc, session_pb2, session_pb2_grpc
 from ._sessions import SessionInfo, session_info, session_summary
-from ._types import SNAPSHOT_COMPLETE, Holder, Sequencer, State
+from ._types import SNAPSHOT_COMPLETE, Holder, Queued, Sequencer, State
 
 log = logging.getLogger("lockbroker")
 
@@ -137,11 +137,14 @@ class Client:
     # -- locks ------------------------------------------------------------
 
     async def lock(self, key: str, *, ttl=None, wait=None, value: _core.BytesLike = b"", lock_delay=None,
-                   behavior=None, checks=(), session_name=None) -> "Lease":
-        """Waits until it holds the lock `key`; see lockbroker.Client.lock."""
+                   behavior=None, checks=(), session_name=None,
+                   on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
+        """Waits until it holds the lock `key`; see lockbroker.Client.lock.
+        on_queued runs on the event loop (a coroutine function is scheduled
+        as a task)."""
         req = _core.acquire_request(key, value=value, wait=wait, ttl=ttl, lock_delay=lock_delay,
                                     behavior=behavior, checks=checks, session_name=session_name)
-        return await self._acquire(req, wait)
+        return await self._acquire(req, wait, on_queued)
 
     async def try_lock(self, key: str, **kw) -> Optional["Lease"]:
         kw["wait"] = 0
@@ -151,14 +154,15 @@ class Client:
             return None
 
     async def semaphore(self, prefix: str, limit: int, *, ttl=None, wait=None, value: _core.BytesLike = b"",
-                        lock_delay=None, behavior=None, checks=(), session_name=None, fair=False) -> "Lease":
+                        lock_delay=None, behavior=None, checks=(), session_name=None, fair=False,
+                        on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
         """Waits for one of `limit` slots at `prefix`; see lockbroker.Client.semaphore."""
         if not isinstance(limit, int) or limit < 1:
             raise errors.InvalidArgument(f"semaphore limit must be a positive int, not {limit!r}")
         req = _core.acquire_request(prefix, value=value, limit=limit, semaphore=True, wait=wait, ttl=ttl,
                                     lock_delay=lock_delay, behavior=behavior, checks=checks,
                                     session_name=session_name, fair=fair)
-        return await self._acquire(req, wait)
+        return await self._acquire(req, wait, on_queued)
 
     async def try_semaphore(self, prefix: str, limit: int, **kw) -> Optional["Lease"]:
         kw["wait"] = 0
@@ -167,30 +171,40 @@ class Client:
         except (errors.LockHeld, errors.LockDelay):
             return None
 
-    async def _acquire(self, req, wait):
+    async def _acquire(self, req, wait, on_queued=None):
         if self._closed:
             raise errors.Cancelled("client closed")
         local_end = None if wait is None else _core.now() + wait + 10.0
+        place = _core.WaitPlace(req, on_queued)  # see lockbroker.Client._acquire
         last = None
         for i in self._order():
-            call = self._stub("lock", i).Acquire(req, metadata=self._md())
-            reader = _Reader(call)
             try:
-                lease = await self._await_grant(i, req, call, reader, local_end)
+                try:
+                    lease = await self._wait_at(i, place.request(), place, local_end)
+                except errors.LockbrokerError as e:
+                    if not place.gone(e):
+                        raise
+                    lease = await self._wait_at(i, req, place, local_end)
             except errors.LockbrokerError as e:
-                call.cancel()
                 last = e
                 if _core.failover_ok(e):
                     continue
-                raise
-            except BaseException:  # cancelled while waiting
-                call.cancel()
                 raise
             self._preferred = i
             return lease
         raise last
 
-    async def _await_grant(self, i, req, call, reader, local_end):
+    async def _wait_at(self, i, sent, place, local_end):
+        call = self._stub("lock", i).Acquire(sent, metadata=self._md())
+        reader = _Reader(call)
+        try:
+            return await self._await_grant(i, place, call, reader, local_end)
+        except BaseException:  # a refusal, or cancelled while waiting
+            call.cancel()
+            raise
+
+    async def _await_grant(self, i, place, call, reader, local_end):
+        req = place.req
         silence = _core.WaitSilence(other_replicas=len(self.targets) > 1)
         while True:
             now = _core.now()
@@ -218,6 +232,9 @@ class Client:
                         pass
                 raise err
             silence.heard(t, msg)
+            queued = place.heard(msg)
+            if queued is not None:
+                _call(place.on_queued, queued, "on_queued")
             kind = msg.WhichOneof("event")
             if kind == "acquired":
                 seq = Sequencer.from_proto(msg.acquired.sequencer)
@@ -633,13 +650,13 @@ class Lease:
             _call(cb, outcome)
 
 
-def _call(cb, err):
+def _call(cb, arg, what="on_lost"):
     try:
-        r = cb(err)
+        r = cb(arg)
         if inspect.isawaitable(r):
             asyncio.ensure_future(r)
     except Exception:
-        log.exception("on_lost callback failed")
+        log.exception("%s callback failed", what)
 
 
 class Election:

@@ -74,7 +74,8 @@ func (x *ListHoldsRequest) GetKeyPrefix() string {
 // ListHoldsResponse lists holds and waiters.
 type ListHoldsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The holds and waiters, by key, then session id.
+	// The holds and waiters, by key; a key's holds first (by session id),
+	// then its waiters in queue order.
 	Holds         []*HoldInfo `protobuf:"bytes,1,rep,name=holds,proto3" json:"holds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -140,9 +141,13 @@ type HoldInfo struct {
 	// that serves the waiter. Empty for a hold on a client-owned session
 	// (the client renews it).
 	Replica string `protobuf:"bytes,7,opt,name=replica,proto3" json:"replica,omitempty"`
-	// True for a request still waiting for the key (only the answering
-	// replica's waiters are listed).
-	Waiting       bool `protobuf:"varint,8,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// True for a request still waiting for the key. Waiters of every replica
+	// are listed, in the order of the key's shared queue, for the keys the
+	// broker holds or waits for (at most 256 keys a call).
+	Waiting bool `protobuf:"varint,8,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// A waiter's place in the key's shared queue (1: next). 0 for a hold,
+	// and for a waiter that has no place yet.
+	Position      uint32 `protobuf:"varint,9,opt,name=position,proto3" json:"position,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -231,6 +236,13 @@ func (x *HoldInfo) GetWaiting() bool {
 		return x.Waiting
 	}
 	return false
+}
+
+func (x *HoldInfo) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
 }
 
 // AdminServiceListSessionsRequest asks for the broker's sessions.
@@ -485,7 +497,7 @@ const file_lockbroker_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"key_prefix\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x04R\tkeyPrefix\"B\n" +
 	"\x11ListHoldsResponse\x12-\n" +
-	"\x05holds\x18\x01 \x03(\v2\x17.lockbroker.v1.HoldInfoR\x05holds\"\xf2\x01\n" +
+	"\x05holds\x18\x01 \x03(\v2\x17.lockbroker.v1.HoldInfoR\x05holds\"\x8e\x02\n" +
 	"\bHoldInfo\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1d\n" +
@@ -495,7 +507,8 @@ const file_lockbroker_v1_admin_proto_rawDesc = "" +
 	"\x05token\x18\x05 \x01(\x04R\x05token\x120\n" +
 	"\x05since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x18\n" +
 	"\areplica\x18\a \x01(\tR\areplica\x12\x18\n" +
-	"\awaiting\x18\b \x01(\bR\awaiting\"C\n" +
+	"\awaiting\x18\b \x01(\bR\awaiting\x12\x1a\n" +
+	"\bposition\x18\t \x01(\rR\bposition\"C\n" +
 	"\x1fAdminServiceListSessionsRequest\x12 \n" +
 	"\x06tenant\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x06tenant\"\\\n" +
 	" AdminServiceListSessionsResponse\x128\n" +

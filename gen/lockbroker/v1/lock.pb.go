@@ -330,11 +330,10 @@ type AcquireRequest struct {
 	//	*AcquireRequest_SessionId
 	//	*AcquireRequest_Resume
 	Session isAcquireRequest_Session `protobuf_oneof:"session"`
-	// Semaphores only: admit waiters oldest first (by the Consul CreateIndex
-	// of their contender entries), so a stream of newcomers cannot starve an
-	// old waiter. Default false: whoever wins the check-and-set race first.
-	// Fairness only orders broker clients that ask for it; Consul's own
-	// `api.Semaphore` clients do not take part in it.
+	// Ignored: every waiter is served in arrival order now, locks and
+	// semaphores alike (a semaphore's by the Consul CreateIndex of the
+	// contender entries). It used to make semaphore waiters opt in to that
+	// order. Consul's own `api.Semaphore` clients do not take part in it.
 	Fair bool `protobuf:"varint,8,opt,name=fair,proto3" json:"fair,omitempty"`
 	// What to take. UNSPECIFIED (the default) follows `limit`: 0 or 1 is a
 	// lock, more is a semaphore. SEMAPHORE with `limit` 1 is a one-slot
@@ -642,7 +641,14 @@ type AcquireQueued struct {
 	// nothing on a waiting stream for three heartbeats may cancel it and wait
 	// on another replica; the client libraries do. Unset from brokers that
 	// do not send heartbeats.
-	Heartbeat     *durationpb.Duration `protobuf:"bytes,4,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	Heartbeat *durationpb.Duration `protobuf:"bytes,4,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	// The request's place in the key's shared queue, which every replica
+	// serves in arrival order: 1 is next. A lock's waiters hold tickets in
+	// Consul (`<key>/.queue/<session>`, ordered by the Raft index that
+	// created them); a semaphore's are ordered by their contender entries.
+	// A wait that goes on with the same session (`session_id`, or on
+	// another replica) keeps its place. 0 when the broker does not know it.
+	Position      uint32 `protobuf:"varint,5,opt,name=position,proto3" json:"position,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -703,6 +709,13 @@ func (x *AcquireQueued) GetHeartbeat() *durationpb.Duration {
 		return x.Heartbeat
 	}
 	return nil
+}
+
+func (x *AcquireQueued) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
 }
 
 // AcquireAcquired reports the grant.
@@ -1557,13 +1570,14 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\tkeepalive\x18\x03 \x01(\v2\x1f.lockbroker.v1.AcquireKeepaliveH\x00R\tkeepalive\x120\n" +
 	"\x04lost\x18\x04 \x01(\v2\x1a.lockbroker.v1.AcquireLostH\x00R\x04lost\x12<\n" +
 	"\breleased\x18\x05 \x01(\v2\x1e.lockbroker.v1.AcquireReleasedH\x00R\breleasedB\a\n" +
-	"\x05event\"\xe4\x01\n" +
+	"\x05event\"\x80\x02\n" +
 	"\rAcquireQueued\x12.\n" +
 	"\x05state\x18\x01 \x01(\v2\x18.lockbroker.v1.LockStateR\x05state\x12K\n" +
 	"\x14lock_delay_remaining\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x12lockDelayRemaining\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x127\n" +
-	"\theartbeat\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\theartbeat\"\xa5\x01\n" +
+	"\theartbeat\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\theartbeat\x12\x1a\n" +
+	"\bposition\x18\x05 \x01(\rR\bposition\"\xa5\x01\n" +
 	"\x0fAcquireAcquired\x126\n" +
 	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\x12@\n" +
 	"\x0eguaranteed_for\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\x12\x18\n" +

@@ -429,7 +429,11 @@ type LockState struct {
 	// the key. It comes from Consul, not from the replica, so states of one
 	// key are comparable across replicas of one Consul cluster: a higher
 	// index is a newer state. It is not comparable between different keys.
-	Index         uint64 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
+	Index uint64 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
+	// How many broker requests wait in the key's shared queue: a lock's live
+	// tickets, a semaphore's contenders that hold no slot. Consul's own
+	// clients that wait are not counted (they take no place in it).
+	Waiting       uint32 `protobuf:"varint,6,opt,name=waiting,proto3" json:"waiting,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -499,6 +503,13 @@ func (x *LockState) GetIndex() uint64 {
 	return 0
 }
 
+func (x *LockState) GetWaiting() uint32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
 var File_lockbroker_v1_types_proto protoreflect.FileDescriptor
 
 const file_lockbroker_v1_types_proto_rawDesc = "" +
@@ -529,13 +540,14 @@ const file_lockbroker_v1_types_proto_rawDesc = "" +
 	"\x05token\x18\x03 \x01(\x04R\x05token\x12\x1d\n" +
 	"\n" +
 	"lock_index\x18\x04 \x01(\x04R\tlockIndex\x12!\n" +
-	"\fsession_name\x18\x05 \x01(\tR\vsessionName\"\xa7\x01\n" +
+	"\fsession_name\x18\x05 \x01(\tR\vsessionName\"\xc1\x01\n" +
 	"\tLockState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x17.lockbroker.v1.LockKindR\x04kind\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12/\n" +
 	"\aholders\x18\x04 \x03(\v2\x15.lockbroker.v1.HolderR\aholders\x12\x14\n" +
-	"\x05index\x18\x05 \x01(\x04R\x05index*n\n" +
+	"\x05index\x18\x05 \x01(\x04R\x05index\x12\x18\n" +
+	"\awaiting\x18\x06 \x01(\rR\awaiting*n\n" +
 	"\x0fSessionBehavior\x12 \n" +
 	"\x1cSESSION_BEHAVIOR_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18SESSION_BEHAVIOR_RELEASE\x10\x01\x12\x1b\n" +

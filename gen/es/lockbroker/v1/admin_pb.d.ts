@@ -41,7 +41,8 @@ export declare const ListHoldsRequestSchema: GenMessage<ListHoldsRequest>;
  */
 export declare type ListHoldsResponse = Message<"lockbroker.v1.ListHoldsResponse"> & {
   /**
-   * The holds and waiters, by key, then session id.
+   * The holds and waiters, by key; a key's holds first (by session id),
+   * then its waiters in queue order.
    *
    * @generated from field: repeated lockbroker.v1.HoldInfo holds = 1;
    */
@@ -116,12 +117,21 @@ export declare type HoldInfo = Message<"lockbroker.v1.HoldInfo"> & {
   replica: string;
 
   /**
-   * True for a request still waiting for the key (only the answering
-   * replica's waiters are listed).
+   * True for a request still waiting for the key. Waiters of every replica
+   * are listed, in the order of the key's shared queue, for the keys the
+   * broker holds or waits for (at most 256 keys a call).
    *
    * @generated from field: bool waiting = 8;
    */
   waiting: boolean;
+
+  /**
+   * A waiter's place in the key's shared queue (1: next). 0 for a hold,
+   * and for a waiter that has no place yet.
+   *
+   * @generated from field: uint32 position = 9;
+   */
+  position: number;
 };
 
 /**

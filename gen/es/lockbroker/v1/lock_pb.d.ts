@@ -170,11 +170,10 @@ export declare type AcquireRequest = Message<"lockbroker.v1.AcquireRequest"> & {
   } | { case: undefined; value?: undefined };
 
   /**
-   * Semaphores only: admit waiters oldest first (by the Consul CreateIndex
-   * of their contender entries), so a stream of newcomers cannot starve an
-   * old waiter. Default false: whoever wins the check-and-set race first.
-   * Fairness only orders broker clients that ask for it; Consul's own
-   * `api.Semaphore` clients do not take part in it.
+   * Ignored: every waiter is served in arrival order now, locks and
+   * semaphores alike (a semaphore's by the Consul CreateIndex of the
+   * contender entries). It used to make semaphore waiters opt in to that
+   * order. Consul's own `api.Semaphore` clients do not take part in it.
    *
    * @generated from field: bool fair = 8;
    */
@@ -298,6 +297,18 @@ export declare type AcquireQueued = Message<"lockbroker.v1.AcquireQueued"> & {
    * @generated from field: google.protobuf.Duration heartbeat = 4;
    */
   heartbeat?: Duration | undefined;
+
+  /**
+   * The request's place in the key's shared queue, which every replica
+   * serves in arrival order: 1 is next. A lock's waiters hold tickets in
+   * Consul (`<key>/.queue/<session>`, ordered by the Raft index that
+   * created them); a semaphore's are ordered by their contender entries.
+   * A wait that goes on with the same session (`session_id`, or on
+   * another replica) keeps its place. 0 when the broker does not know it.
+   *
+   * @generated from field: uint32 position = 5;
+   */
+  position: number;
 };
 
 /**

@@ -226,6 +226,15 @@ export declare type LockState = Message<"lockbroker.v1.LockState"> & {
    * @generated from field: uint64 index = 5;
    */
   index: bigint;
+
+  /**
+   * How many broker requests wait in the key's shared queue: a lock's live
+   * tickets, a semaphore's contenders that hold no slot. Consul's own
+   * clients that wait are not counted (they take no place in it).
+   *
+   * @generated from field: uint32 waiting = 6;
+   */
+  waiting: number;
 };
 
 /**

@@ -49,16 +49,18 @@ class AcquireLost(_message.Message):
     def __init__(self, reason: _Optional[_Union[LostReason, str]] = ..., detail: _Optional[str] = ..., guaranteed_for: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class AcquireQueued(_message.Message):
-    __slots__ = ["heartbeat", "lock_delay_remaining", "session_id", "state"]
+    __slots__ = ["heartbeat", "lock_delay_remaining", "position", "session_id", "state"]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     LOCK_DELAY_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     heartbeat: _duration_pb2.Duration
     lock_delay_remaining: _duration_pb2.Duration
+    position: int
     session_id: str
     state: _types_pb2.LockState
-    def __init__(self, state: _Optional[_Union[_types_pb2.LockState, _Mapping]] = ..., lock_delay_remaining: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., session_id: _Optional[str] = ..., heartbeat: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, state: _Optional[_Union[_types_pb2.LockState, _Mapping]] = ..., lock_delay_remaining: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., session_id: _Optional[str] = ..., heartbeat: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., position: _Optional[int] = ...) -> None: ...
 
 class AcquireReleased(_message.Message):
     __slots__ = ["sequencer"]

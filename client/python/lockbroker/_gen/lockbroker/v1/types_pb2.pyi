@@ -33,18 +33,20 @@ class Holder(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., value: _Optional[bytes] = ..., token: _Optional[int] = ..., lock_index: _Optional[int] = ..., session_name: _Optional[str] = ...) -> None: ...
 
 class LockState(_message.Message):
-    __slots__ = ["holders", "index", "key", "kind", "limit"]
+    __slots__ = ["holders", "index", "key", "kind", "limit", "waiting"]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
     holders: _containers.RepeatedCompositeFieldContainer[Holder]
     index: int
     key: str
     kind: LockKind
     limit: int
-    def __init__(self, key: _Optional[str] = ..., kind: _Optional[_Union[LockKind, str]] = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[Holder, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
+    waiting: int
+    def __init__(self, key: _Optional[str] = ..., kind: _Optional[_Union[LockKind, str]] = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[Holder, _Mapping]]] = ..., index: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class Sequencer(_message.Message):
     __slots__ = ["key", "kind", "lock_index", "session_id", "token"]

@@ -16,6 +16,7 @@ import io.grpc.MethodDescriptor;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.grpc.TlsChannelCredentials;
+import io.lockbroker.v1.AcquireQueued;
 import io.lockbroker.v1.AcquireRequest;
 import io.lockbroker.v1.AcquireResponse;
 import io.lockbroker.v1.CheckSequencerRequest;
@@ -397,7 +398,7 @@ public final class LockClient implements AutoCloseable {
    *     Consul unavailable, ...)
    */
   public Lease lock(String key, LockOptions options) throws InterruptedException {
-    return acquire(options.toRequest(key), options.waitTimeout());
+    return acquire(options.toRequest(key), options.waitTimeout(), options.onQueued());
   }
 
   /** {@link #lock(String, LockOptions)} with the defaults. */
@@ -440,14 +441,16 @@ public final class LockClient implements AutoCloseable {
     return tryLock(prefix, options.semaphore(limit));
   }
 
-  private Lease acquire(AcquireRequest req, Duration wait) throws InterruptedException {
+  private Lease acquire(AcquireRequest req, Duration wait, Consumer<AcquireQueued> onQueued)
+      throws InterruptedException {
     if (closed) {
       throw new IllegalStateException("LockClient is closed");
     }
+    WaitPlace place = new WaitPlace(req);
     LockBrokerException last = null;
     for (int r = 0; r < targets.size(); r++) {
-      Pending p = new Pending(req);
-      AcquireCall call = openAcquire(r, req, p);
+      Pending p = new Pending(req, place, onQueued);
+      AcquireCall call = openAcquire(r, place.request(), p);
       try {
         // A live broker answers at once (queued, acquired or an error); a
         // stalled one is left for the next target.
@@ -466,6 +469,10 @@ public final class LockClient implements AutoCloseable {
         return p.result.get(wait.toNanos() + LOCAL_WAIT_GRACE_NANOS, TimeUnit.NANOSECONDS);
       } catch (ExecutionException e) {
         LockBrokerException ex = fromAcquire(e.getCause());
+        if (place.gone(ex)) {
+          r--; // the same target again, with the original request: a fresh wait
+          continue;
+        }
         if (ex instanceof UnavailableException && r + 1 < targets.size()) {
           last = ex;
           continue;
@@ -509,6 +516,8 @@ public final class LockClient implements AutoCloseable {
    */
   private final class Pending implements AcquireCall.Listener {
     final AcquireRequest req;
+    private final WaitPlace place;
+    private final Consumer<AcquireQueued> onQueued;
     final CompletableFuture<Lease> result = new CompletableFuture<>();
     final CompletableFuture<Void> answered = new CompletableFuture<>();
     private final boolean watchSilence = targets.size() > 1;
@@ -517,8 +526,10 @@ public final class LockClient implements AutoCloseable {
     private long lastHeardNanos;
     private ScheduledFuture<?> silenceTimer;
 
-    Pending(AcquireRequest req) {
+    Pending(AcquireRequest req, WaitPlace place, Consumer<AcquireQueued> onQueued) {
       this.req = req;
+      this.place = place;
+      this.onQueued = onQueued;
       result.whenComplete((lease, error) -> stopSilenceWatch());
     }
 
@@ -544,7 +555,28 @@ public final class LockClient implements AutoCloseable {
           break;
         default: // queued: keep waiting
           heard(call, r, receivedNanos);
+          if (r.hasQueued()) {
+            place.heard(r.getQueued());
+            tellQueued(r.getQueued());
+          }
           break;
+      }
+    }
+
+    /**
+     * Tells the onQueued listener, on the call's thread (so in order); what
+     * it throws goes to the thread's uncaught-exception handler, not into
+     * the wait.
+     */
+    private void tellQueued(AcquireQueued q) {
+      if (onQueued == null || result.isDone()) {
+        return;
+      }
+      try {
+        onQueued.accept(q);
+      } catch (RuntimeException e) {
+        Thread t = Thread.currentThread();
+        t.getUncaughtExceptionHandler().uncaughtException(t, e);
       }
     }
 

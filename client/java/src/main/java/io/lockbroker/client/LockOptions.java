@@ -2,6 +2,7 @@ package io.lockbroker.client;
 
 import com.google.protobuf.ByteString;
 import io.lockbroker.v1.AcquireKind;
+import io.lockbroker.v1.AcquireQueued;
 import io.lockbroker.v1.AcquireRequest;
 import io.lockbroker.v1.SessionBehavior;
 import io.lockbroker.v1.SessionOptions;
@@ -9,6 +10,7 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.List;
 import java.util.Objects;
+import java.util.function.Consumer;
 
 /**
  * Options of one {@link LockClient#lock}, {@link LockClient#tryLock} or
@@ -25,7 +27,7 @@ import java.util.Objects;
  */
 public final class LockOptions {
   private static final LockOptions DEFAULTS =
-      new LockOptions(ByteString.EMPTY, null, null, false, "", List.of(), null, 0, false, false);
+      new LockOptions(ByteString.EMPTY, null, null, false, "", List.of(), null, 0, false, false, null);
 
   private final ByteString value;
   private final Duration ttl;
@@ -37,10 +39,11 @@ public final class LockOptions {
   private final int limit;
   private final boolean semaphore;
   private final boolean fair;
+  private final Consumer<AcquireQueued> onQueued;
 
   private LockOptions(ByteString value, Duration ttl, Duration lockDelay, boolean deleteBehavior,
       String sessionName, List<String> checks, Duration waitTimeout, int limit, boolean semaphore,
-      boolean fair) {
+      boolean fair, Consumer<AcquireQueued> onQueued) {
     this.value = value;
     this.ttl = ttl;
     this.lockDelay = lockDelay;
@@ -51,6 +54,7 @@ public final class LockOptions {
     this.limit = limit;
     this.semaphore = semaphore;
     this.fair = fair;
+    this.onQueued = onQueued;
   }
 
   /**
@@ -66,7 +70,7 @@ public final class LockOptions {
       String sessionName, List<String> checks, Duration waitTimeout, int limit, boolean semaphore,
       boolean fair) {
     return new LockOptions(value, ttl, lockDelay, deleteBehavior, sessionName, checks, waitTimeout,
-        limit, semaphore, fair);
+        limit, semaphore, fair, onQueued);
   }
 
   /**
@@ -135,6 +139,24 @@ public final class LockOptions {
   public LockOptions fair(boolean fair) {
     return with(value, ttl, lockDelay, deleteBehavior, sessionName, checks, waitTimeout, limit,
         semaphore, fair);
+  }
+
+  /**
+   * Called with each {@code queued} event while the request waits, on a gRPC
+   * thread (it must not block): {@code getPosition()} is the request's place
+   * in the key's shared queue, which every broker replica serves in arrival
+   * order (1 is next; 0 when the broker does not say),
+   * {@code getState().getWaiting()} how many broker requests wait in all,
+   * {@code getState()} who holds the key. A wait that moves to another
+   * target keeps its place. Default: none.
+   */
+  public LockOptions onQueued(Consumer<AcquireQueued> listener) {
+    return new LockOptions(value, ttl, lockDelay, deleteBehavior, sessionName, checks, waitTimeout,
+        limit, semaphore, fair, Objects.requireNonNull(listener));
+  }
+
+  Consumer<AcquireQueued> onQueued() {
+    return onQueued;
   }
 
   LockOptions semaphore(int limit) {

@@ -1,0 +1,396 @@
+package broker
+
+import (
+	"context"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The shared queue of a lock key. Waiters of every replica queue in
+// Consul, next to the key, so that the order in which they get it does
+// not depend on which replica each one reached:
+//
+//   - a waiter's ticket is K/.queue/<session>, acquired with its session
+//     (so Consul clears it when the session ends: a dead ticket) and
+//     flagged QueueFlagValue; its CreateIndex, a Raft index, is its place
+//     in the queue. A request that waits again with the same session (a
+//     wait moved to another replica, a client-owned session asking
+//     again) finds its ticket where it was.
+//   - the guard K/.queue exists while any ticket may be live. Every
+//     ticket's creation writes it (check-and-set, its value the index it
+//     replaces, so that every write moves its index), and a grant that finds
+//     no live ticket but its own deletes it (check-and-set), so a
+//     newcomer's grant, which checks that the guard does not exist,
+//     fails while a ticket is live: a newcomer never takes a free key
+//     ahead of queued waiters. An uncontended grant pays one check op.
+//   - only the head may take a free key: the oldest live ticket. Tickets
+//     ahead of a waiter only ever leave (a newer ticket has a higher
+//     CreateIndex), so a waiter that once saw itself at the head stays
+//     there, however stale its view.
+//   - a ticket whose waiter is gone with its session still alive (its
+//     replica was killed along with the client) is skipped once the key
+//     has stood free for queueGrace with nobody taking it.
+//
+// Consul's own clients take no ticket; see handoffChain for how they get
+// their turn.
+
+// QueueFlagValue marks the shared queue's entries (the guard and the
+// tickets): "lbqueue" in ASCII, after Consul's own flag values.
+const QueueFlagValue uint64 = 0x006c627175657565
+
+const queueSuffix = "/.queue"
+
+// queueGrace is how long a key may stand free with a live ticket ahead of
+// a waiter before the waiter takes it anyway: the head's replica takes a
+// free key within milliseconds, so a head silent that long is gone.
+var queueGrace = time.Second
+
+// ticketKey is the key of session's ticket in key's queue.
+func ticketKey(key, session string) string { return key + queueSuffix + "/" + session }
+
+// deriveQueue fills the state's queue from its listing.
+func (st *State) deriveQueue() {
+	prefix := st.Key + queueSuffix + "/"
+	for _, e := range st.entries {
+		switch {
+		case e.Flags != QueueFlagValue:
+		case e.Key == st.Key+queueSuffix:
+			st.guard = e
+		case strings.HasPrefix(e.Key, prefix) && !strings.Contains(e.Key[len(prefix):], "/"):
+			st.tickets = append(st.tickets, e)
+		}
+	}
+	sort.Slice(st.tickets, func(i, j int) bool { return st.tickets[i].CreateIndex < st.tickets[j].CreateIndex })
+	for _, t := range st.tickets {
+		if ticketLive(st.Key, t) {
+			st.Waiting++
+		}
+	}
+}
+
+// ticketLive says whether t is held by the session it is named after.
+func ticketLive(key string, t *Entry) bool {
+	return t.Session != "" && t.Key == ticketKey(key, t.Session)
+}
+
+// othersQueued reports whether st shows a live ticket other than session's.
+func (st *State) othersQueued(session string) bool {
+	for _, t := range st.tickets {
+		if t.Session != session && ticketLive(st.Key, t) {
+			return true
+		}
+	}
+	return false
+}
+
+// queueGuardOps are the ops a grant of key to session carries for the
+// queue, as st shows it: for a newcomer (no ticket), that no guard exists,
+// or the removal of a guard left with no live ticket; for a ticket holder,
+// the removal of its ticket, and of the guard when no other ticket is
+// live. Dead tickets go too (a few at a time).
+func queueGrantOps(st *State, session string, ticketed bool) []Op {
+	var ops []Op
+	if ticketed {
+		ops = append(ops, Op{Verb: OpDelete, Key: ticketKey(st.Key, session)})
+	}
+	switch {
+	case st.guard == nil && !ticketed:
+		ops = append(ops, Op{Verb: OpCheckNotExists, Key: st.Key + queueSuffix})
+	case st.guard != nil && !st.othersQueued(session):
+		ops = append(ops, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
+	}
+	return append(ops, deadTicketOps(st, session)...)
+}
+
+// handOffQueueOps are the queue ops of a direct hand-off to session,
+// whose ticket was made at ticket: the removal of its ticket, and of the
+// guard when st (the releaser's listing, nil when it has none) shows no
+// other live ticket and is no older than that ticket. A ticket newer than
+// st moves the guard and fails the hand-off (the release then goes as
+// usual); with an older listing the guard stays, and the next grant that
+// finds no live ticket removes it.
+func handOffQueueOps(key string, st *State, session string, ticket uint64) []Op {
+	ops := []Op{{Verb: OpDelete, Key: ticketKey(key, session)}}
+	if st != nil && !st.partial && st.guard != nil && st.Index >= ticket && !st.othersQueued(session) {
+		ops = append(ops, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
+	}
+	return ops
+}
+
+// deadTicketOps delete tickets whose session ended, except session's own.
+func deadTicketOps(st *State, session string) []Op {
+	var ops []Op
+	for _, t := range st.tickets {
+		if len(ops) == maxDeadCleanup {
+			break
+		}
+		if t.Session != session && !ticketLive(st.Key, t) {
+			ops = append(ops, Op{Verb: OpDeleteCAS, Key: t.Key, Index: t.ModifyIndex})
+		}
+	}
+	return ops
+}
+
+// enqueue takes the hold's ticket in its key's queue (or finds the one
+// its session has): one transaction that acquires the ticket with the
+// session and writes the guard by check-and-set. It returns errRace when
+// the guard moved under it.
+func (h *hold) enqueue(ctx context.Context, st *State) error {
+	key := h.spec.Key
+	tk := ticketKey(key, h.session)
+	var ops []Op
+	if t := st.entry(tk); t != nil {
+		if t.Flags != QueueFlagValue {
+			return newError(ErrConflict, ReasonForeignFlags, "key %q holds flags %#x, not a queue ticket's (%#x)", tk, t.Flags, QueueFlagValue).withState(st)
+		}
+		ops = append(ops, Op{Verb: OpCheckIndex, Key: tk, Index: t.ModifyIndex})
+	} else {
+		ops = append(ops, Op{Verb: OpCheckNotExists, Key: tk})
+	}
+	// The guard's value is the index it replaces: Consul skips a write that
+	// changes nothing (its ModifyIndex would stay, and prove nothing).
+	guard := Op{Verb: OpCAS, Key: key + queueSuffix, Flags: QueueFlagValue, Value: []byte("0")}
+	if st.guard != nil {
+		guard.Index = st.guard.ModifyIndex
+		guard.Value = strconv.AppendUint(nil, st.guard.ModifyIndex, 10)
+	} else if e := st.child(strings.TrimPrefix(queueSuffix, "/")); e != nil {
+		return newError(ErrConflict, ReasonForeignFlags, "key %q holds flags %#x, not a queue guard's (%#x)", e.Key, e.Flags, QueueFlagValue).withState(st)
+	}
+	ticketAt := len(ops)
+	ops = append(ops,
+		Op{Verb: OpLock, Key: tk, Value: []byte(h.b.id), Flags: QueueFlagValue, Session: h.session},
+		guard)
+	// A broker-owned session's record goes with it, naming the replica
+	// that owns the wait and the tenant: what a resumed wait is checked
+	// and fenced by (resumeWait).
+	recAt := -1
+	var next *record
+	if h.owned {
+		recAt = len(ops)
+		rec := h.record()
+		next = rec.next()
+		next.Waiting = key
+		ops = append(ops, rec.writeOps(next)...)
+	}
+	h.ticketTried = true
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		return h.txnFailure(ctx, err, recAt)
+	}
+	if next != nil {
+		next.index, next.live = recordWritten(ops, res, h.session), true
+		h.setRecord(next)
+	}
+	// The guard's check-and-set proves that no ticket was made since st:
+	// the tickets ahead of this one are among st's, and only ever leave.
+	t := res[ticketAt]
+	var ahead []*Entry
+	for _, o := range st.tickets {
+		if o.CreateIndex < t.CreateIndex && o.Session != h.session && ticketLive(key, o) {
+			ahead = append(ahead, o)
+		}
+	}
+	h.setTicket(t, ahead)
+	h.enqueued = true
+	return nil
+}
+
+// leaveQueue deletes the hold's ticket when it gives up waiting (a
+// broker-owned session's too: its session may be kept, for a wait that
+// moves, or pooled), then tidies the queue if this replica's view shows
+// no other live ticket. It reports whether the ticket is gone.
+func (h *hold) leaveQueue() bool {
+	if !h.ticketTried {
+		return true
+	}
+	if h.movable && h.owned {
+		return true // the wait may go on elsewhere, in its place (movedAway)
+	}
+	defer h.tidyAfter()
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	_, err := h.st.Txn(ctx, []Op{{Verb: OpDelete, Key: ticketKey(h.spec.Key, h.session)}})
+	if err == nil {
+		h.setTicket(nil, nil)
+	}
+	return err == nil
+}
+
+// setTicket records the hold's ticket and the tickets ahead of it (nil:
+// it has none any more), where a releaser of this replica can see them
+// (claimNext). A ticket that leaves leaves every local waiter's ahead.
+func (h *hold) setTicket(t *Entry, ahead []*Entry) {
+	old := h.ticket
+	h.ticket = t
+	var idx uint64
+	if t != nil {
+		idx = t.CreateIndex
+	} else {
+		h.ticketTried = false
+	}
+	kw := h.sub.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	h.sub.ticket, h.sub.ahead = idx, ahead
+	if t == nil && old != nil {
+		for o := range kw.subs {
+			o.ahead = slices.DeleteFunc(o.ahead, func(e *Entry) bool { return e.Key == old.Key && e.CreateIndex == old.CreateIndex })
+		}
+	}
+}
+
+// pruneAhead drops from the subscriber's tickets ahead those st shows
+// gone or dead (st is trusted only for tickets no newer than itself), and
+// returns how many are left. kw.mu is held.
+func (s *sub) pruneAhead(st *State) int {
+	if st != nil && !st.partial {
+		s.ahead = slices.DeleteFunc(s.ahead, func(t *Entry) bool {
+			if st.Index < t.CreateIndex {
+				return false
+			}
+			e := st.entry(t.Key)
+			return e == nil || e.CreateIndex != t.CreateIndex || !ticketLive(st.Key, e)
+		})
+	}
+	return len(s.ahead)
+}
+
+// aheadOf is how many live tickets are ahead of the hold's in its key's
+// queue, as far as st and this replica know.
+func (h *hold) aheadOf(st *State) int {
+	kw := h.sub.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	return h.sub.pruneAhead(st)
+}
+
+// position is the hold's place in its key's shared queue (1: next), or 0
+// without a ticket.
+func (h *hold) position(st *State) int {
+	if h.ticket == nil {
+		return 0
+	}
+	return h.aheadOf(st) + 1
+}
+
+// resumingWait says whether the request resumes a wait (a sequencer with
+// no token: the session's place in the key's queue) rather than a hold.
+func (h *hold) resumingWait() bool {
+	return h.spec.Resume != nil && h.spec.Resume.Token == 0
+}
+
+// resumeWait re-attaches a wait made on another replica (its replica
+// died, drained or was cut off, and the client moved): it checks with
+// consistent reads that the session is broker-owned, the tenant's, and
+// still has its place in the key's queue (a live ticket, or a semaphore's
+// live contender entry), then moves the record's owner to this replica by
+// check-and-set, in one transaction with a check that the place did not
+// move. The old replica's grants are conditioned on the record, so from
+// then on only this replica can grant the session the key. The wait then
+// goes on from that place.
+func (h *hold) resumeWait(ctx context.Context) error {
+	seq := *h.spec.Resume
+	read := h.ahead // openResumed's reads
+	h.ahead = nil
+	for range 5 {
+		if read == nil {
+			read = h.b.startReadHold(ctx, seq.Key, seq.Session)
+		}
+		st, rec, err := read.wait()
+		read = nil
+		if err != nil {
+			return err
+		}
+		if err := rec.allows(h.tenant); err != nil {
+			return err
+		}
+		if rec.index == 0 || !rec.live || rec.Owner == "" {
+			return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no live broker record (it ended, or it is client-owned)", seq.Session).withState(st)
+		}
+		if err := h.conflict(st); err != nil {
+			return err
+		}
+		place := st.entry(ticketKey(seq.Key, seq.Session))
+		if h.sem {
+			place = st.contenders[seq.Session]
+		}
+		if place == nil || place.Session != seq.Session {
+			return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no place in the queue of %q", seq.Session, seq.Key).withState(st)
+		}
+		next := rec.next()
+		h.owner = h.b.id + "/" + newNonce()
+		next.Owner = h.owner
+		ops := append(rec.writeOps(next),
+			Op{Verb: OpCheckIndex, Key: place.Key, Index: place.ModifyIndex},
+			Op{Verb: OpCheckSession, Key: place.Key, Session: seq.Session})
+		res, err := h.st.Txn(ctx, ops)
+		if te := asTxnError(err); te != nil {
+			if te.Has(TxnSessionInvalid) {
+				return sessionError(ErrSessionNotFound, seq.Session)
+			}
+			continue // something moved: check again
+		}
+		if err != nil {
+			return err
+		}
+		next.index, next.live = recordWritten(ops, res, seq.Session), true
+		h.setRecord(next)
+		h.resumedWait = true
+		return nil
+	}
+	return newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing while resuming the wait; retry", seq.Key)
+}
+
+// tidyAfter tidies the key's queue in the background when this replica's
+// view of it (no read) shows no live ticket but the hold's own, and the
+// hold queued once or the view shows a guard or tickets: what the last
+// waiter leaves, and dead tickets of waiters whose sessions ended, go (a
+// view that lags may miss the guard, so a hold that queued looks). An
+// uncontended key has neither, and costs nothing.
+func (h *hold) tidyAfter() {
+	if h.sem || h.sub == nil {
+		return
+	}
+	st, _ := h.sub.state()
+	if st == nil || st.othersQueued(h.session) {
+		return
+	}
+	if !h.enqueued && (st.partial || (st.guard == nil && len(st.tickets) == 0)) {
+		return // never queued, and nothing to tidy in sight
+	}
+	b, store, key := h.b, h.st, h.spec.Key
+	b.holds.Add(1)
+	go func() {
+		defer b.holds.Done()
+		b.tidyQueue(store, key)
+	}()
+}
+
+// tidyQueue removes what key's shared queue left behind: dead tickets,
+// and the guard once no ticket is live. One consistent read, then
+// check-and-set deletes (a ticket taken meanwhile moves the guard and
+// fails them). Best effort, bounded.
+func (b *Broker) tidyQueue(store Store, key string) {
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	for attempt := range 3 {
+		backoff(ctx, attempt)
+		st, err := b.readState(ctx, key)
+		if err != nil {
+			return
+		}
+		ops := deadTicketOps(st, "")
+		if st.guard != nil && st.Waiting == 0 {
+			ops = append(ops, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
+		}
+		if len(ops) == 0 {
+			return
+		}
+		if _, err := store.Txn(ctx, ops); asTxnError(err) == nil {
+			return
+		}
+	}
+}
