@@ -47,7 +47,7 @@ var (
 var tableParCycles = flag.Int("table.par", 24000, "cycles per implementation in each parallel row (split among the turns and the clients)")
 
 // reproduce is the command make bench runs.
-const reproduce = `go test -count=1 -timeout 30m -run 'TestBenchTable|TestBenchQueue|TestScale' -v ./test/bench/ -args -table -queue -scale`
+const reproduce = `go test -count=1 -timeout 30m -run 'TestBenchTable|TestBenchQueue|TestBenchLossNotice|TestScale' -v ./test/bench/ -args -table -queue -loss -scale`
 
 // lossAge is how old a hold is in the second loss-notice rows (its watch
 // runs by then).
