@@ -194,7 +194,7 @@ func (h *hold) abandon() {
 	}
 	ctx, cancel := cleanupContext()
 	defer cancel()
-	if h.movable && h.owned && (h.ticketTried || h.sem) && h.movedAway(ctx) {
+	if h.owned && (h.ticketTried || h.sem) && h.movedAway(ctx, h.movable) {
 		return // the wait goes on elsewhere, in its place
 	}
 	h.settle(ctx)
@@ -232,19 +232,24 @@ func (h *hold) abandon() {
 var moveWait = 5 * time.Second
 
 // movedAway reports whether the hold's wait was resumed on another
-// replica (its record's owner moved) within moveWait.
-func (h *hold) movedAway(ctx context.Context) bool {
+// replica (its record's owner moved): within moveWait when wait, else
+// already. A wait whose client went away may have moved before this
+// replica heard of it (the replica was stopped, and its client resumed
+// the wait elsewhere): its session is not this replica's to destroy.
+func (h *hold) movedAway(ctx context.Context, wait bool) bool {
 	deadline := time.Now().Add(moveWait)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
+	for {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		rec, err := h.b.readRecord(rctx, h.session)
 		cancel()
 		if err == nil && rec.index != 0 && rec.Owner != h.owner {
 			return true
 		}
+		if !wait || !time.Now().Before(deadline) || ctx.Err() != nil {
+			return false
+		}
 		sleep(ctx, 250*time.Millisecond)
 	}
-	return false
 }
 
 // settle undoes a lock grant whose transaction the request stopped waiting
