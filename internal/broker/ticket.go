@@ -212,11 +212,22 @@ func (h *hold) leaveQueue() bool {
 	defer h.tidyAfter()
 	ctx, cancel := cleanupContext()
 	defer cancel()
-	_, err := h.st.Txn(ctx, []Op{{Verb: OpDelete, Key: ticketKey(h.spec.Key, h.session)}})
-	if err == nil {
-		h.setTicket(nil, nil)
+	ops := []Op{{Verb: OpDelete, Key: ticketKey(h.spec.Key, h.session)}}
+	if rec := h.record(); h.owned && rec.index != 0 {
+		// Conditioned on the session's record: a wait whose client moved
+		// it elsewhere before this replica heard the client leave (the
+		// replica was stopped) keeps its ticket there.
+		ops = append([]Op{rec.guard()}, ops...)
 	}
-	return err == nil
+	_, err := h.st.Txn(ctx, ops)
+	switch {
+	case err == nil:
+		h.setTicket(nil, nil)
+		return true
+	case asTxnError(err) != nil:
+		return true // the record moved: the wait is not this replica's (abandon checks)
+	}
+	return false
 }
 
 // setTicket records the hold's ticket and the tickets ahead of it (nil:
