@@ -62,6 +62,10 @@ func (h *hold) resumable(ctx context.Context, st *State, rec *record) error {
 	if err := allowed(ctx, rec, h.tenant); err != nil {
 		return err
 	}
+	if h.resumingWait() {
+		_, err := h.waitPlace(st, rec)
+		return err
+	}
 	return resumable(st, rec, *h.spec.Resume, h.sem, h.limit)
 }
 
@@ -94,26 +98,11 @@ func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 			target = contenderKey(seq.Key, seq.Session)
 		}
 		e := st.entry(target)
-		next := rec.next()
-		// An owner of this hold's own: a copy of the hold left on this
-		// replica (its connection lost) is fenced too.
-		h.owner = h.b.id + "/" + newNonce()
-		next.Owner = h.owner
-		ops := append(rec.writeOps(next),
-			Op{Verb: OpCheckIndex, Key: target, Index: e.ModifyIndex},
-			Op{Verb: OpCheckSession, Key: target, Session: seq.Session})
-		res, err := h.st.Txn(ctx, ops)
-		if te := asTxnError(err); te != nil {
-			if te.Has(TxnSessionInvalid) {
-				return nil, sessionError(ErrSessionNotFound, seq.Session)
-			}
+		if moved, err := h.takeOwner(ctx, rec, e); err != nil {
+			return nil, err
+		} else if moved {
 			continue // something moved: check again
 		}
-		if err != nil {
-			return nil, err
-		}
-		next.index, next.live = recordWritten(ops, res, seq.Session), true
-		h.setRecord(next)
 		h.mu.Lock()
 		h.value = e.Value
 		h.mu.Unlock()
@@ -123,6 +112,33 @@ func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 		return &out, nil
 	}
 	return nil, newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing while resuming; retry", seq.Key)
+}
+
+// takeOwner moves the session's record to an owner of this hold's own by
+// check-and-set, in one transaction with a check that entry (what the
+// session holds or waits with) did not move and is still the session's. A
+// copy of the hold left on this replica (its connection lost) is fenced
+// too. It reports moved when a check failed (read again and retry).
+func (h *hold) takeOwner(ctx context.Context, rec *record, entry *Entry) (moved bool, err error) {
+	next := rec.next()
+	h.owner = h.b.id + "/" + newNonce()
+	next.Owner = h.owner
+	ops := append(rec.writeOps(next),
+		Op{Verb: OpCheckIndex, Key: entry.Key, Index: entry.ModifyIndex},
+		Op{Verb: OpCheckSession, Key: entry.Key, Session: rec.session})
+	res, err := h.st.Txn(ctx, ops)
+	if te := asTxnError(err); te != nil {
+		if te.Has(TxnSessionInvalid) {
+			return false, sessionError(ErrSessionNotFound, rec.session)
+		}
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	next.index, next.live = recordWritten(ops, res, rec.session), true
+	h.setRecord(next)
+	return false, nil
 }
 
 // resumable says why seq cannot be resumed from st and rec, or nil.

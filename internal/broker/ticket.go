@@ -315,44 +315,41 @@ func (h *hold) resumeWait(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := rec.allows(h.tenant); err != nil {
+		if err := h.resumable(ctx, st, rec); err != nil {
 			return err
 		}
-		if rec.index == 0 || !rec.live || rec.Owner == "" {
-			return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no live broker record (it ended, or it is client-owned)", seq.Session).withState(st)
-		}
-		if err := h.conflict(st); err != nil {
+		place, _ := h.waitPlace(st, rec)
+		if moved, err := h.takeOwner(ctx, rec, place); err != nil {
 			return err
-		}
-		place := st.entry(ticketKey(seq.Key, seq.Session))
-		if h.sem {
-			place = st.contenders[seq.Session]
-		}
-		if place == nil || place.Session != seq.Session {
-			return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no place in the queue of %q", seq.Session, seq.Key).withState(st)
-		}
-		next := rec.next()
-		h.owner = h.b.id + "/" + newNonce()
-		next.Owner = h.owner
-		ops := append(rec.writeOps(next),
-			Op{Verb: OpCheckIndex, Key: place.Key, Index: place.ModifyIndex},
-			Op{Verb: OpCheckSession, Key: place.Key, Session: seq.Session})
-		res, err := h.st.Txn(ctx, ops)
-		if te := asTxnError(err); te != nil {
-			if te.Has(TxnSessionInvalid) {
-				return sessionError(ErrSessionNotFound, seq.Session)
-			}
+		} else if moved {
 			continue // something moved: check again
 		}
-		if err != nil {
-			return err
-		}
-		next.index, next.live = recordWritten(ops, res, seq.Session), true
-		h.setRecord(next)
 		h.resumedWait = true
 		return nil
 	}
 	return newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing while resuming the wait; retry", seq.Key)
+}
+
+// waitPlace is the entry that holds the wait's place in st (its ticket, or
+// a semaphore's contender entry), or why the wait cannot be resumed: the
+// session has no live broker record, is client-owned, asks for the key as
+// another kind, or has no place any more.
+func (h *hold) waitPlace(st *State, rec *record) (*Entry, error) {
+	seq := *h.spec.Resume
+	if rec.index == 0 || !rec.live || rec.Owner == "" {
+		return nil, newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no live broker record (it ended, or it is client-owned)", seq.Session).withState(st)
+	}
+	if err := h.conflict(st); err != nil {
+		return nil, err
+	}
+	place := st.entry(ticketKey(seq.Key, seq.Session))
+	if h.sem {
+		place = st.contenders[seq.Session]
+	}
+	if place == nil || place.Session != seq.Session {
+		return nil, newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no place in the queue of %q", seq.Session, seq.Key).withState(st)
+	}
+	return place, nil
 }
 
 // tidyAfter tidies the key's queue in the background when this replica's
