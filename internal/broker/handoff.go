@@ -6,10 +6,11 @@ import (
 	"time"
 )
 
-// Direct hand-off: when a holder on this replica releases a lock key for
-// which a waiter of this replica is next in line (FIFO), the release and
+// Direct hand-off: when a holder on this replica releases a lock key whose
+// shared queue (ticket.go) a waiter of this replica heads, the release and
 // the waiter's grant are one transaction: unlock with the holder's
-// session, then lock with the waiter's, each with its session's record.
+// session, then lock with the waiter's, each with its session's record,
+// and the waiter's ticket deleted.
 // One Raft write hands the lock over (Consul applies a transaction's ops
 // in order, and an unlock starts no lock-delay), where releasing and then
 // acquiring takes two, and the waiter never has to learn of the release.
@@ -18,7 +19,7 @@ import (
 // transaction that the holder still held the key.
 //
 // The waiter offers a slot while it sleeps; the releaser claims the slot
-// of the oldest waiter (only that one: FIFO), and delivers the grant, or
+// of the head of the key's queue (only that one), and delivers the grant, or
 // nil when the transaction failed (the waiter then tries by itself, as
 // after any wake-up). A waiter never attempts while its slot is claimed.
 //

@@ -1,10 +1,13 @@
 package broker
 
 // Hand-off without a stampede: the waiters of a key on this replica form
-// a queue in arrival order, and on a change only as many of them as there
-// are free slots make an attempt (rank < free); the others stay asleep
-// without a Consul call. When a waiter leaves the queue (granted, gave
-// up), the others are woken so the next one tries.
+// a local queue in arrival order. A semaphore waiter whose contender entry
+// is not listed yet attempts only when as many waiters are ahead of it
+// here as there are free slots (rank < free); once listed, its place in
+// the key's shared order decides (waiter.turn), as a lock waiter's ticket
+// does (ticket.go). The others stay asleep without a Consul call. When a
+// waiter leaves (granted, gave up), the others are woken so the next one
+// tries.
 
 // setWaiting puts the subscriber in the key's queue of waiters, or takes
 // it out; with wake, the others are woken, so that the next may try (see

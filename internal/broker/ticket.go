@@ -86,7 +86,7 @@ func (st *State) othersQueued(session string) bool {
 	return false
 }
 
-// queueGuardOps are the ops a grant of key to session carries for the
+// queueGrantOps are the ops a grant of key to session carries for the
 // queue, as st shows it: for a newcomer (no ticket), that no guard exists,
 // or the removal of a guard left with no live ticket; for a ticket holder,
 // the removal of its ticket, and of the guard when no other ticket is
