@@ -16,9 +16,14 @@ ENV CGO_ENABLED=0
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
+# The version that `broker --version`, its start-up line and
+# lockbroker_build_info report: docker build --build-arg VERSION=$(git
+# describe --tags --always) --build-arg REVISION=$(git rev-parse HEAD) .
+ARG VERSION=devel
+ARG REVISION=
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -o /out/broker ./cmd/broker && \
-    CGO_ENABLED=0 go build -trimpath -o /out/lockctl ./cmd/lockctl
+    CGO_ENABLED=0 go build -trimpath -buildvcs=auto -ldflags "-X github.com/lockbroker/lockbroker/internal/buildinfo.version=${VERSION} -X github.com/lockbroker/lockbroker/internal/buildinfo.revision=${REVISION}" -o /out/broker ./cmd/broker && \
+    CGO_ENABLED=0 go build -trimpath -buildvcs=auto -ldflags "-X github.com/lockbroker/lockbroker/internal/buildinfo.version=${VERSION} -X github.com/lockbroker/lockbroker/internal/buildinfo.revision=${REVISION}" -o /out/lockctl ./cmd/lockctl
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/broker /out/lockctl /usr/local/bin/

@@ -103,7 +103,7 @@ func TestStoppedClientReleased(t *testing.T) {
 
 // TestDrainBounded opens, on a broker process, a holder that reads its
 // stream and a client that never reads (an Acquire stream and a Watch of a
-// key whose 300 KiB value overflows the stream's flow-control window, so
+// key whose 250 KiB value overflows the stream's flow-control window, so
 // the broker's Send blocks), then sends SIGTERM: health is NOT_SERVING at
 // once, the reading holder is told `lost: BROKER_SHUTDOWN`, and the process
 // exits 0 within --drain-timeout + 2 s, having released the hold nobody
@@ -116,7 +116,7 @@ func TestDrainBounded(t *testing.T) {
 	defer cancel()
 
 	good := dial(t, p.Addr)
-	holdStream, err := lockbrokerv1.NewLockServiceClient(good).Acquire(ctx, &lockbrokerv1.AcquireRequest{Key: "drain/held", Value: make([]byte, 300<<10)})
+	holdStream, err := lockbrokerv1.NewLockServiceClient(good).Acquire(ctx, &lockbrokerv1.AcquireRequest{Key: "drain/held", Value: make([]byte, 250<<10)})
 	require.NoError(t, err)
 	first, err := holdStream.Recv()
 	require.NoError(t, err)

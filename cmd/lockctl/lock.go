@@ -296,7 +296,7 @@ func (w *waiting) await() (*lockbrokerv1.AcquireAcquired, error) {
 				if w.f.verbose {
 					msg := "waiting: " + stateLine(e.Queued.GetState())
 					if p := e.Queued.GetPosition(); p > 0 {
-						msg = fmt.Sprintf("waiting (place %d in the queue): %s", p, stateLine(e.Queued.GetState()))
+						msg += fmt.Sprintf(" (place %d in the queue)", p)
 					}
 					if d := e.Queued.GetLockDelayRemaining(); d != nil && d.AsDuration() > 0 {
 						msg += fmt.Sprintf(" (Consul lock-delay: %v left)", d.AsDuration().Round(time.Millisecond))

@@ -197,9 +197,16 @@ var (
 // announced the grant (or after announceWait).
 func (h *hold) handOff(ctx context.Context) bool {
 	if time.Since(h.chainStart) >= handoffChain && !mutantNoSharedQueue {
+		// The chain ends here: if this replica has a waiter the key would
+		// have gone to, its waiters leave the key free a moment.
 		kw := h.sub.kw
 		kw.mu.Lock()
-		kw.courtesy = time.Now().Add(handoffCourtesy)
+		for s := range kw.subs {
+			if s.waiting && s != h.sub && s.ticket != 0 {
+				kw.courtesy = time.Now().Add(handoffCourtesy)
+				break
+			}
+		}
 		kw.mu.Unlock()
 		return false
 	}

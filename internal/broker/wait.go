@@ -425,11 +425,11 @@ func (w *waiter) turn(st *State) bool {
 		w.freeSince = time.Time{}
 		return false
 	}
-	if h.sub.courtesyLeft() > 0 {
-		return false
-	}
 	if h.ticket == nil {
 		return !st.othersQueued(h.session)
+	}
+	if h.sub.courtesyLeft() > 0 {
+		return false // a newcomer finds the ticket holders queued
 	}
 	if h.aheadOf(st) == 0 {
 		return true

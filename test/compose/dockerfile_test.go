@@ -76,7 +76,7 @@ func (s stage) all(cmd string) []string {
 }
 
 // goBuildRE matches one static, trimmed `go build` of a command package.
-var goBuildRE = regexp.MustCompile(`CGO_ENABLED=0 go build -trimpath -o (\S+) (\./cmd/\w+)`)
+var goBuildRE = regexp.MustCompile(`CGO_ENABLED=0 go build -trimpath(?: +-\S+(?: +"[^"]*")?)* -o (\S+) (\./cmd/\w+)`)
 
 func TestDockerfile(t *testing.T) {
 	root := brokertest.RepoRoot(t)
@@ -131,14 +131,20 @@ func TestMakefileBuildsLikeDockerfile(t *testing.T) {
 	}
 }
 
-// buildLineRE matches `go build [flags] -o OUT ./cmd/NAME`, also as $(GO).
-var buildLineRE = regexp.MustCompile(`(?:\$\(GO\)|\bgo) build((?: +-\S+)*?) +-o +\S+((?: +-\S+)*) +(\./cmd/\w+)`)
+// buildLineRE matches `go build [flags] -o OUT ./cmd/NAME`, also as $(GO);
+// a flag may take a quoted argument (`-ldflags '...'`).
+var buildLineRE = regexp.MustCompile(`(?:\$\(GO\)|\bgo) build((?: +-\S+(?: +'[^']*'| +"[^"]*")?)*?) +-o +\S+((?: +-\S+(?: +'[^']*'| +"[^"]*")?)*) +(\./cmd/\w+)`)
+
+// quotedRE is a quoted flag argument: its contents differ between the
+// Makefile (make variables) and the Dockerfile (build arguments), so only
+// the flag it belongs to is compared.
+var quotedRE = regexp.MustCompile(`'[^']*'|"[^"]*"`)
 
 // goBuilds maps each ./cmd package built in text to its build flags.
 func goBuilds(text string) map[string][]string {
 	out := map[string][]string{}
 	for _, m := range buildLineRE.FindAllStringSubmatch(text, -1) {
-		out[m[3]] = strings.Fields(m[1] + " " + m[2])
+		out[m[3]] = strings.Fields(quotedRE.ReplaceAllString(m[1]+" "+m[2], ""))
 	}
 	return out
 }
@@ -152,6 +158,8 @@ func TestGoBuilds(t *testing.T) {
 		{"flags", "CGO_ENABLED=0 go build -trimpath -o /out/lockctl -ldflags=-s ./cmd/lockctl &&",
 			map[string][]string{"./cmd/lockctl": {"-trimpath", "-ldflags=-s"}}},
 		{"other package", "go build -o bin/x ./internal/x", map[string][]string{}},
+		{"quoted flag", "\t$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/broker ./cmd/broker\n",
+			map[string][]string{"./cmd/broker": {"-trimpath", "-ldflags"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
