@@ -217,6 +217,7 @@ func (h *hold) handOff(ctx context.Context) bool {
 	if !h.handOffTo(ctx, w, slot, queueOps) {
 		return false
 	}
+	h.handedOff.Store(true)
 	slot.awaitAnnounced()
 	return true
 }

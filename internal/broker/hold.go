@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,6 +39,9 @@ type hold struct {
 	ticket      *Entry
 	ticketTried bool
 	enqueued    bool // the hold took a ticket once (tidyAfter)
+	// handedOff: the hold's release handed the key to a waiter, which
+	// tidies the queue after it in its turn (tidyAfter).
+	handedOff atomic.Bool
 	// resumedWait: the request resumed a wait, and this replica owns its
 	// session now (resumeWait).
 	resumedWait bool

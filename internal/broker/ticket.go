@@ -359,8 +359,8 @@ func (h *hold) waitPlace(st *State, rec *record) (*Entry, error) {
 // view that lags may miss the guard, so a hold that queued looks). An
 // uncontended key has neither, and costs nothing.
 func (h *hold) tidyAfter() {
-	if h.sem || h.sub == nil {
-		return
+	if h.sem || h.sub == nil || h.handedOff.Load() {
+		return // a hand-off's grantee tidies when its own hold ends
 	}
 	st, _ := h.sub.state()
 	if st == nil || st.othersQueued(h.session) {
