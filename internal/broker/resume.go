@@ -79,18 +79,9 @@ func (h *hold) resumable(ctx context.Context, st *State, rec *record) error {
 // RESUMED_ELSEWHERE.
 func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 	seq := *h.spec.Resume
-	read := h.ahead // openResumed's reads
-	h.ahead = nil
 	for range 5 {
-		if read == nil {
-			read = h.b.startReadHold(ctx, seq.Key, seq.Session)
-		}
-		st, rec, err := read.wait()
-		read = nil
+		st, rec, err := h.readResumable(ctx)
 		if err != nil {
-			return nil, err
-		}
-		if err := h.resumable(ctx, st, rec); err != nil {
 			return nil, err
 		}
 		target := seq.Key
@@ -112,6 +103,25 @@ func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 		return &out, nil
 	}
 	return nil, newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing while resuming; retry", seq.Key)
+}
+
+// readResumable reads the key's state and the session's record
+// consistently (the first time, openResumed's reads) and checks that the
+// caller may resume its spec's Resume from them.
+func (h *hold) readResumable(ctx context.Context) (*State, *record, error) {
+	read := h.ahead
+	h.ahead = nil
+	if read == nil {
+		read = h.b.startReadHold(ctx, h.spec.Resume.Key, h.spec.Resume.Session)
+	}
+	st, rec, err := read.wait()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := h.resumable(ctx, st, rec); err != nil {
+		return nil, nil, err
+	}
+	return st, rec, nil
 }
 
 // takeOwner moves the session's record to an owner of this hold's own by

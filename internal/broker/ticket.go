@@ -303,19 +303,9 @@ func (h *hold) resumingWait() bool {
 // then on only this replica can grant the session the key. The wait then
 // goes on from that place.
 func (h *hold) resumeWait(ctx context.Context) error {
-	seq := *h.spec.Resume
-	read := h.ahead // openResumed's reads
-	h.ahead = nil
 	for range 5 {
-		if read == nil {
-			read = h.b.startReadHold(ctx, seq.Key, seq.Session)
-		}
-		st, rec, err := read.wait()
-		read = nil
+		st, rec, err := h.readResumable(ctx)
 		if err != nil {
-			return err
-		}
-		if err := h.resumable(ctx, st, rec); err != nil {
 			return err
 		}
 		place, _ := h.waitPlace(st, rec)
@@ -327,7 +317,7 @@ func (h *hold) resumeWait(ctx context.Context) error {
 		h.resumedWait = true
 		return nil
 	}
-	return newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing while resuming the wait; retry", seq.Key)
+	return newError(ErrUnavailable, ReasonConsulUnavailable, "key %q kept changing while resuming the wait; retry", h.spec.Key)
 }
 
 // waitPlace is the entry that holds the wait's place in st (its ticket, or
