@@ -183,20 +183,21 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 	if err != nil {
 		return nil, err
 	}
-	listed := map[string]bool{}
-	for _, w := range waiters {
-		listed[w.Key+"\x00"+w.Session] = true
-	}
-	for _, w := range local {
-		if !listed[w.Key+"\x00"+w.Session] {
-			waiters = append(waiters, w) // no place in the queue yet
-		}
+	// This replica's waiters: when each request came, and those with no
+	// place in the queue yet.
+	mine := make(map[string]*HoldInfo, len(local))
+	for i := range local {
+		mine[local[i].Key+"\x00"+local[i].Session] = &local[i]
 	}
 	for i, w := range waiters {
-		for _, l := range local {
-			if l.Key == w.Key && l.Session == w.Session {
-				waiters[i].Since = l.Since
-			}
+		if l := mine[w.Key+"\x00"+w.Session]; l != nil {
+			waiters[i].Since = l.Since
+			delete(mine, w.Key+"\x00"+w.Session)
+		}
+	}
+	for _, l := range local {
+		if mine[l.Key+"\x00"+l.Session] != nil {
+			waiters = append(waiters, l)
 		}
 	}
 	out = append(out, waiters...)
