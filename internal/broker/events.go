@@ -72,6 +72,11 @@ type Event struct {
 	// Lost: why.
 	Reason LostReason
 	Detail string
+	// A multi-key lock (AcquireSpec.Keys). Acquired, Released: every
+	// key's grant, in the request's order (Sequencer is the first).
+	// Lost: the key whose loss ended the hold.
+	Sequencers []Sequencer
+	LostKey    string
 }
 
 // AcquireSpec is an Acquire request after validation.
@@ -93,4 +98,22 @@ type AcquireSpec struct {
 	Resume     *Sequencer
 	// Fair admits semaphore waiters oldest first.
 	Fair bool
+	// Mode: a read or write hold of the read-write lock at Key (ModeNone:
+	// a lock or semaphore, by Limit and Semaphore).
+	Mode RWMode
+	// Keys: more lock keys taken with Key, all or nothing (a multi-key
+	// lock; at most 63, distinct, none equal to Key).
+	Keys []string
 }
+
+// RWMode is what an AcquireSpec asks of a read-write lock.
+type RWMode int
+
+const (
+	// ModeNone: not a read-write lock.
+	ModeNone RWMode = iota
+	// ModeRead: a shared hold.
+	ModeRead
+	// ModeWrite: an exclusive hold.
+	ModeWrite
+)

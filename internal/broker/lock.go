@@ -13,6 +13,8 @@ type Sequencer struct {
 	LockIndex uint64
 	Token     uint64
 	Kind      Kind
+	// Read: a read (shared) grant of a read-write lock (KindRWLock).
+	Read bool
 }
 
 // tryLock makes one attempt to take the lock, based on st (a recent state

@@ -16,6 +16,8 @@ const (
 	KindLock
 	KindSemaphore
 	KindForeign
+	// KindRWLock: a read-write lock (docs/consul-layout.md).
+	KindRWLock
 )
 
 // Holder is one current holder of a key.
@@ -26,6 +28,8 @@ type Holder struct {
 	Token       uint64
 	LockIndex   uint64
 	CreateIndex uint64 // of the lock key or contender entry
+	// Read: a read-write lock's reader (false: its writer).
+	Read bool
 }
 
 // State is a key's kind and holders at one Consul index.

@@ -14,6 +14,7 @@ var kinds = map[broker.Kind]lockbrokerv1.LockKind{
 	broker.KindLock:      lockbrokerv1.LockKind_LOCK_KIND_LOCK,
 	broker.KindSemaphore: lockbrokerv1.LockKind_LOCK_KIND_SEMAPHORE,
 	broker.KindForeign:   lockbrokerv1.LockKind_LOCK_KIND_FOREIGN,
+	broker.KindRWLock:    lockbrokerv1.LockKind_LOCK_KIND_RWLOCK,
 }
 
 var reasons = map[broker.LostReason]lockbrokerv1.LostReason{
@@ -39,17 +40,26 @@ func stateToProto(st *broker.State) *lockbrokerv1.LockState {
 			Token:       h.Token,
 			LockIndex:   h.LockIndex,
 			SessionName: h.SessionName,
+			Read:        h.Read,
 		})
 	}
 	return out
 }
 
 func seqToProto(s broker.Sequencer) *lockbrokerv1.Sequencer {
-	return &lockbrokerv1.Sequencer{Key: s.Key, SessionId: s.Session, LockIndex: s.LockIndex, Token: s.Token, Kind: kinds[s.Kind]}
+	return &lockbrokerv1.Sequencer{Key: s.Key, SessionId: s.Session, LockIndex: s.LockIndex, Token: s.Token, Kind: kinds[s.Kind], Read: s.Read}
+}
+
+func seqsToProto(seqs []broker.Sequencer) []*lockbrokerv1.Sequencer {
+	var out []*lockbrokerv1.Sequencer
+	for _, s := range seqs {
+		out = append(out, seqToProto(s))
+	}
+	return out
 }
 
 func seqFromProto(s *lockbrokerv1.Sequencer) broker.Sequencer {
-	out := broker.Sequencer{Key: s.GetKey(), Session: s.GetSessionId(), LockIndex: s.GetLockIndex(), Token: s.GetToken()}
+	out := broker.Sequencer{Key: s.GetKey(), Session: s.GetSessionId(), LockIndex: s.GetLockIndex(), Token: s.GetToken(), Read: s.GetRead()}
 	for k, v := range kinds {
 		if v == s.GetKind() {
 			out.Kind = k
@@ -108,20 +118,21 @@ func eventToProto(e broker.Event) *lockbrokerv1.AcquireResponse {
 	case broker.EventAcquired:
 		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Acquired{Acquired: &lockbrokerv1.AcquireAcquired{
 			Sequencer: seqToProto(e.Sequencer), GuaranteedFor: durationpb.New(e.GuaranteedFor), Resumed: e.Resumed,
+			Sequencers: seqsToProto(e.Sequencers),
 		}}}
 	case broker.EventKeepalive:
 		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Keepalive{Keepalive: &lockbrokerv1.AcquireKeepalive{
 			GuaranteedFor: durationpb.New(e.GuaranteedFor),
 		}}}
 	case broker.EventLost:
-		lost := &lockbrokerv1.AcquireLost{Reason: reasons[e.Reason], Detail: e.Detail}
+		lost := &lockbrokerv1.AcquireLost{Reason: reasons[e.Reason], Detail: e.Detail, Key: e.LostKey}
 		if e.Reason == broker.LostBrokerShutdown || e.Reason == broker.LostReplicaCutOff {
 			lost.GuaranteedFor = durationpb.New(e.GuaranteedFor)
 		}
 		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Lost{Lost: lost}}
 	default:
 		return &lockbrokerv1.AcquireResponse{Event: &lockbrokerv1.AcquireResponse_Released{Released: &lockbrokerv1.AcquireReleased{
-			Sequencer: seqToProto(e.Sequencer),
+			Sequencer: seqToProto(e.Sequencer), Sequencers: seqsToProto(e.Sequencers),
 		}}}
 	}
 }
@@ -145,6 +156,10 @@ func acquireSpec(key string, value []byte, limit uint32, kind lockbrokerv1.Acqui
 		}
 	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_SEMAPHORE:
 		spec.Semaphore = true
+	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_READ, lockbrokerv1.AcquireKind_ACQUIRE_KIND_WRITE:
+		// Declared in the proto; the broker does not serve them yet.
+		return spec, &broker.Error{Kind: broker.ErrInvalid, Reason: broker.ReasonInvalidArgument, Field: "kind",
+			Msg: fmt.Sprintf("kind: %s is not served by this broker yet", kind)}
 	}
 	return spec, nil
 }

@@ -30,10 +30,19 @@ func (s *LockService) Acquire(req *lockbrokerv1.AcquireRequest, stream grpc.Serv
 	spec, err := acquireRequestSpec(req)
 	if err == nil {
 		err = s.broker.Acquire(withConnGone(stream.Context()), spec, func(e broker.Event) error {
+			if e.Kind == broker.EventLost && e.LostKey == "" && !wholeHoldLoss(e.Reason) {
+				e.LostKey = spec.Key // AcquireLost.key: the request's key
+			}
 			return stream.Send(eventToProto(e))
 		})
 	}
 	return toStatus(s.log, s.broker.Placed(err))
+}
+
+// wholeHoldLoss says whether a loss concerns the whole hold rather than
+// one of its keys (AcquireLost.key stays empty).
+func wholeHoldLoss(r broker.LostReason) bool {
+	return r == broker.LostBrokerShutdown || r == broker.LostReplicaCutOff || r == broker.LostResumedElsewhere
 }
 
 // acquireRequestSpec is what req asks the broker for.
@@ -41,6 +50,11 @@ func acquireRequestSpec(req *lockbrokerv1.AcquireRequest) (*broker.AcquireSpec, 
 	spec, err := acquireSpec(req.GetKey(), req.GetValue(), req.GetLimit(), req.GetKind())
 	if err != nil {
 		return nil, err
+	}
+	if len(req.GetKeys()) > 0 {
+		// Declared in the proto; the broker does not serve them yet.
+		return nil, &broker.Error{Kind: broker.ErrInvalid, Reason: broker.ReasonInvalidArgument, Field: "keys",
+			Msg: "keys: multi-key locks are not served by this broker yet"}
 	}
 	spec.WaitForever = req.WaitTimeout == nil
 	spec.Wait = req.GetWaitTimeout().AsDuration()

@@ -147,7 +147,13 @@ type HoldInfo struct {
 	Waiting bool `protobuf:"varint,8,opt,name=waiting,proto3" json:"waiting,omitempty"`
 	// A waiter's place in the key's shared queue (1: next). 0 for a hold,
 	// and for a waiter that has no place yet.
-	Position      uint32 `protobuf:"varint,9,opt,name=position,proto3" json:"position,omitempty"`
+	Position uint32 `protobuf:"varint,9,opt,name=position,proto3" json:"position,omitempty"`
+	// A read-write lock's hold or waiter: true for a reader (ACQUIRE_KIND_READ),
+	// false for a writer.
+	Read bool `protobuf:"varint,10,opt,name=read,proto3" json:"read,omitempty"`
+	// A multi-key lock's hold or waiter: the other keys it holds (or waits
+	// for) together with `key`. Each of its keys is listed, once each.
+	WithKeys      []string `protobuf:"bytes,11,rep,name=with_keys,json=withKeys,proto3" json:"with_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -243,6 +249,20 @@ func (x *HoldInfo) GetPosition() uint32 {
 		return x.Position
 	}
 	return 0
+}
+
+func (x *HoldInfo) GetRead() bool {
+	if x != nil {
+		return x.Read
+	}
+	return false
+}
+
+func (x *HoldInfo) GetWithKeys() []string {
+	if x != nil {
+		return x.WithKeys
+	}
+	return nil
 }
 
 // AdminServiceListSessionsRequest asks for the broker's sessions.
@@ -497,7 +517,7 @@ const file_lockbroker_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"key_prefix\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x04R\tkeyPrefix\"B\n" +
 	"\x11ListHoldsResponse\x12-\n" +
-	"\x05holds\x18\x01 \x03(\v2\x17.lockbroker.v1.HoldInfoR\x05holds\"\x8e\x02\n" +
+	"\x05holds\x18\x01 \x03(\v2\x17.lockbroker.v1.HoldInfoR\x05holds\"\xbf\x02\n" +
 	"\bHoldInfo\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1d\n" +
@@ -508,7 +528,10 @@ const file_lockbroker_v1_admin_proto_rawDesc = "" +
 	"\x05since\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x18\n" +
 	"\areplica\x18\a \x01(\tR\areplica\x12\x18\n" +
 	"\awaiting\x18\b \x01(\bR\awaiting\x12\x1a\n" +
-	"\bposition\x18\t \x01(\rR\bposition\"C\n" +
+	"\bposition\x18\t \x01(\rR\bposition\x12\x12\n" +
+	"\x04read\x18\n" +
+	" \x01(\bR\x04read\x12\x1b\n" +
+	"\twith_keys\x18\v \x03(\tR\bwithKeys\"C\n" +
 	"\x1fAdminServiceListSessionsRequest\x12 \n" +
 	"\x06tenant\x18\x01 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x06tenant\"\\\n" +
 	" AdminServiceListSessionsResponse\x128\n" +

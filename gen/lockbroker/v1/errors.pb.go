@@ -50,8 +50,10 @@ const (
 	// of neither Consul recipe: it is someone else's data.
 	ErrorReason_ERROR_REASON_FOREIGN_FLAGS ErrorReason = 5
 	// FAILED_PRECONDITION: the semaphore's stored limit differs from the
-	// requested one, or a lock is asked for on a semaphore prefix (or the
-	// other way round).
+	// requested one, or the key is another kind than the request asks for:
+	// a lock asked for on a semaphore prefix or a read-write lock, a read or
+	// write hold asked for on a lock or a semaphore, and so on. The message
+	// names the kind found; the LockState detail carries it too.
 	ErrorReason_ERROR_REASON_LIMIT_CONFLICT ErrorReason = 6
 	// FAILED_PRECONDITION: the semaphore's `.lock` body is not the JSON of
 	// Consul's semaphore recipe.

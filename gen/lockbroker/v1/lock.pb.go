@@ -34,6 +34,20 @@ const (
 	// A semaphore slot under the prefix `key`, with `limit` slots (1 to
 	// 1024; 0 means 1).
 	AcquireKind_ACQUIRE_KIND_SEMAPHORE AcquireKind = 2
+	// A read (shared) hold of the read-write lock at `key`: many readers
+	// hold it at once, never beside a writer. `limit` must be 0 or 1.
+	// Readers and writers are served in arrival order: a reader that
+	// arrives behind a waiting writer waits for that writer's turn. The
+	// key's Consul layout is the broker's own (docs/consul-layout.md): a
+	// plain lock or semaphore request on it, and Consul's `api.Lock` or
+	// `api.Semaphore`, are refused (FAILED_PRECONDITION naming the kind
+	// found, for broker requests), and a read or write request on a plain
+	// lock or semaphore is refused likewise.
+	AcquireKind_ACQUIRE_KIND_READ AcquireKind = 3
+	// A write (exclusive) hold of the read-write lock at `key`: no other
+	// reader or writer holds it meanwhile. Its fencing token is above every
+	// token granted on the key before it, read or write.
+	AcquireKind_ACQUIRE_KIND_WRITE AcquireKind = 4
 )
 
 // Enum value maps for AcquireKind.
@@ -42,11 +56,15 @@ var (
 		0: "ACQUIRE_KIND_UNSPECIFIED",
 		1: "ACQUIRE_KIND_LOCK",
 		2: "ACQUIRE_KIND_SEMAPHORE",
+		3: "ACQUIRE_KIND_READ",
+		4: "ACQUIRE_KIND_WRITE",
 	}
 	AcquireKind_value = map[string]int32{
 		"ACQUIRE_KIND_UNSPECIFIED": 0,
 		"ACQUIRE_KIND_LOCK":        1,
 		"ACQUIRE_KIND_SEMAPHORE":   2,
+		"ACQUIRE_KIND_READ":        3,
+		"ACQUIRE_KIND_WRITE":       4,
 	}
 )
 
@@ -339,7 +357,22 @@ type AcquireRequest struct {
 	// lock, more is a semaphore. SEMAPHORE with `limit` 1 is a one-slot
 	// semaphore (Consul's semaphore layout with Limit 1); LOCK requires
 	// `limit` 0 or 1 (INVALID_ARGUMENT otherwise).
-	Kind          AcquireKind `protobuf:"varint,9,opt,name=kind,proto3,enum=lockbroker.v1.AcquireKind" json:"kind,omitempty"`
+	Kind AcquireKind `protobuf:"varint,9,opt,name=kind,proto3,enum=lockbroker.v1.AcquireKind" json:"kind,omitempty"`
+	// More lock keys to take together with `key`, all or nothing (a
+	// multi-key lock): the broker takes every key in one Consul transaction
+	// with one session, or none. Up to 63 (64 keys with `key`), each a
+	// lock key as `key` is, all different from each other and from `key`.
+	// Only for locks: `kind` LOCK or UNSPECIFIED with `limit` 0 or 1
+	// (INVALID_ARGUMENT naming `keys` otherwise). Each key is an ordinary
+	// Consul lock key, so Consul's `api.Lock` excludes correctly on any of
+	// them. The request waits in every key's shared queue at once, with one
+	// place that orders it against every other request on those keys: two
+	// multi-key requests never deadlock, and single-key traffic on one key
+	// cannot starve it. `acquired` carries one sequencer per key; losing any
+	// key ends the hold with `lost` naming it (AcquireLost.key), and releases
+	// the others. Release of any of its keys releases them all. A tenant
+	// must be allowed every key (checked before any Consul call).
+	Keys          []string `protobuf:"bytes,10,rep,name=keys,proto3" json:"keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -448,6 +481,13 @@ func (x *AcquireRequest) GetKind() AcquireKind {
 		return x.Kind
 	}
 	return AcquireKind_ACQUIRE_KIND_UNSPECIFIED
+}
+
+func (x *AcquireRequest) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
 }
 
 type isAcquireRequest_Session interface {
@@ -727,7 +767,11 @@ type AcquireAcquired struct {
 	// broker reports `lost` before this runs out when renewals fail).
 	GuaranteedFor *durationpb.Duration `protobuf:"bytes,2,opt,name=guaranteed_for,json=guaranteedFor,proto3" json:"guaranteed_for,omitempty"`
 	// True when this grant resumed an earlier hold (same sequencer).
-	Resumed       bool `protobuf:"varint,3,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	Resumed bool `protobuf:"varint,3,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	// A multi-key lock (AcquireRequest.keys): one sequencer per key, in the
+	// request's order (`key` first, the same as `sequencer`). Empty for a
+	// single key.
+	Sequencers    []*Sequencer `protobuf:"bytes,4,rep,name=sequencers,proto3" json:"sequencers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -781,6 +825,13 @@ func (x *AcquireAcquired) GetResumed() bool {
 		return x.Resumed
 	}
 	return false
+}
+
+func (x *AcquireAcquired) GetSequencers() []*Sequencer {
+	if x != nil {
+		return x.Sequencers
+	}
+	return nil
 }
 
 // AcquireKeepalive follows each successful session renewal.
@@ -865,6 +916,11 @@ type AcquireLost struct {
 	// elsewhere may keep working until then; one that cannot must stop by
 	// then. Absent for other reasons: the hold is gone now.
 	GuaranteedFor *durationpb.Duration `protobuf:"bytes,3,opt,name=guaranteed_for,json=guaranteedFor,proto3" json:"guaranteed_for,omitempty"`
+	// The key whose loss ended the hold: for a multi-key lock, the key that
+	// was lost first (the broker released the others); otherwise the
+	// request's key. Empty for BROKER_SHUTDOWN, REPLICA_CUT_OFF and
+	// RESUMED_ELSEWHERE, which concern the whole hold.
+	Key           string `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -920,11 +976,21 @@ func (x *AcquireLost) GetGuaranteedFor() *durationpb.Duration {
 	return nil
 }
 
+func (x *AcquireLost) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
 // AcquireReleased ends a stream whose hold was released by Release.
 type AcquireReleased struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The sequencer of the released grant.
-	Sequencer     *Sequencer `protobuf:"bytes,1,opt,name=sequencer,proto3" json:"sequencer,omitempty"`
+	Sequencer *Sequencer `protobuf:"bytes,1,opt,name=sequencer,proto3" json:"sequencer,omitempty"`
+	// A multi-key lock: the sequencers of every key released, in the
+	// request's order.
+	Sequencers    []*Sequencer `protobuf:"bytes,2,rep,name=sequencers,proto3" json:"sequencers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -966,10 +1032,18 @@ func (x *AcquireReleased) GetSequencer() *Sequencer {
 	return nil
 }
 
+func (x *AcquireReleased) GetSequencers() []*Sequencer {
+	if x != nil {
+		return x.Sequencers
+	}
+	return nil
+}
+
 // ReleaseRequest ends a hold.
 type ReleaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The lock key or semaphore prefix.
+	// The lock key or semaphore prefix. For a multi-key lock, any of its
+	// keys with that key's token: the whole hold is released.
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// The holder's session.
 	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -1549,7 +1623,7 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"session_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x128\n" +
 	"\x04kind\x18\x05 \x01(\x0e2\x1a.lockbroker.v1.AcquireKindB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04kind\"L\n" +
 	"\x12TryAcquireResponse\x126\n" +
-	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\"\xb7\x03\n" +
+	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\"\xe0\x03\n" +
 	"\x0eAcquireRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n" +
@@ -1562,7 +1636,9 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"session_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\xb0\x01\x01H\x00R\tsessionId\x122\n" +
 	"\x06resume\x18\a \x01(\v2\x18.lockbroker.v1.SequencerH\x00R\x06resume\x12\x12\n" +
 	"\x04fair\x18\b \x01(\bR\x04fair\x128\n" +
-	"\x04kind\x18\t \x01(\x0e2\x1a.lockbroker.v1.AcquireKindB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04kindB\t\n" +
+	"\x04kind\x18\t \x01(\x0e2\x1a.lockbroker.v1.AcquireKindB\b\xbaH\x05\x82\x01\x02\x10\x01R\x04kind\x12'\n" +
+	"\x04keys\x18\n" +
+	" \x03(\tB\x13\xbaH\x10\x92\x01\r\x10?\x18\x01\"\ar\x05\xc8\xf2\xb6\x04\x01R\x04keysB\t\n" +
 	"\asession\"\xc1\x02\n" +
 	"\x0fAcquireResponse\x126\n" +
 	"\x06queued\x18\x01 \x01(\v2\x1c.lockbroker.v1.AcquireQueuedH\x00R\x06queued\x12<\n" +
@@ -1577,19 +1653,26 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x127\n" +
 	"\theartbeat\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\theartbeat\x12\x1a\n" +
-	"\bposition\x18\x05 \x01(\rR\bposition\"\xa5\x01\n" +
+	"\bposition\x18\x05 \x01(\rR\bposition\"\xdf\x01\n" +
 	"\x0fAcquireAcquired\x126\n" +
 	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\x12@\n" +
 	"\x0eguaranteed_for\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\x12\x18\n" +
-	"\aresumed\x18\x03 \x01(\bR\aresumed\"T\n" +
+	"\aresumed\x18\x03 \x01(\bR\aresumed\x128\n" +
+	"\n" +
+	"sequencers\x18\x04 \x03(\v2\x18.lockbroker.v1.SequencerR\n" +
+	"sequencers\"T\n" +
 	"\x10AcquireKeepalive\x12@\n" +
-	"\x0eguaranteed_for\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\"\x9a\x01\n" +
+	"\x0eguaranteed_for\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\"\xac\x01\n" +
 	"\vAcquireLost\x121\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x19.lockbroker.v1.LostReasonR\x06reason\x12\x16\n" +
 	"\x06detail\x18\x02 \x01(\tR\x06detail\x12@\n" +
-	"\x0eguaranteed_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\"I\n" +
+	"\x0eguaranteed_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\rguaranteedFor\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\tR\x03key\"\x83\x01\n" +
 	"\x0fAcquireReleased\x126\n" +
-	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\"m\n" +
+	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerR\tsequencer\x128\n" +
+	"\n" +
+	"sequencers\x18\x02 \x03(\v2\x18.lockbroker.v1.SequencerR\n" +
+	"sequencers\"m\n" +
 	"\x0eReleaseRequest\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12'\n" +
@@ -1624,11 +1707,13 @@ const file_lockbroker_v1_lock_proto_rawDesc = "" +
 	"\tsequencer\x18\x01 \x01(\v2\x18.lockbroker.v1.SequencerB\x06\xbaH\x03\xc8\x01\x01R\tsequencer\"b\n" +
 	"\x16CheckSequencerResponse\x12\x18\n" +
 	"\acurrent\x18\x01 \x01(\bR\acurrent\x12.\n" +
-	"\x05state\x18\x02 \x01(\v2\x18.lockbroker.v1.LockStateR\x05state*^\n" +
+	"\x05state\x18\x02 \x01(\v2\x18.lockbroker.v1.LockStateR\x05state*\x8d\x01\n" +
 	"\vAcquireKind\x12\x1c\n" +
 	"\x18ACQUIRE_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11ACQUIRE_KIND_LOCK\x10\x01\x12\x1a\n" +
-	"\x16ACQUIRE_KIND_SEMAPHORE\x10\x02*\xb8\x02\n" +
+	"\x16ACQUIRE_KIND_SEMAPHORE\x10\x02\x12\x15\n" +
+	"\x11ACQUIRE_KIND_READ\x10\x03\x12\x16\n" +
+	"\x12ACQUIRE_KIND_WRITE\x10\x04*\xb8\x02\n" +
 	"\n" +
 	"LostReason\x12\x1b\n" +
 	"\x17LOST_REASON_UNSPECIFIED\x10\x00\x12#\n" +
@@ -1708,34 +1793,36 @@ var file_lockbroker_v1_lock_proto_depIdxs = []int32{
 	22, // 13: lockbroker.v1.AcquireQueued.heartbeat:type_name -> google.protobuf.Duration
 	21, // 14: lockbroker.v1.AcquireAcquired.sequencer:type_name -> lockbroker.v1.Sequencer
 	22, // 15: lockbroker.v1.AcquireAcquired.guaranteed_for:type_name -> google.protobuf.Duration
-	22, // 16: lockbroker.v1.AcquireKeepalive.guaranteed_for:type_name -> google.protobuf.Duration
-	1,  // 17: lockbroker.v1.AcquireLost.reason:type_name -> lockbroker.v1.LostReason
-	22, // 18: lockbroker.v1.AcquireLost.guaranteed_for:type_name -> google.protobuf.Duration
-	21, // 19: lockbroker.v1.AcquireReleased.sequencer:type_name -> lockbroker.v1.Sequencer
-	24, // 20: lockbroker.v1.WatchResponse.state:type_name -> lockbroker.v1.LockState
-	24, // 21: lockbroker.v1.GetLockResponse.state:type_name -> lockbroker.v1.LockState
-	21, // 22: lockbroker.v1.SetValueResponse.sequencer:type_name -> lockbroker.v1.Sequencer
-	21, // 23: lockbroker.v1.CheckSequencerRequest.sequencer:type_name -> lockbroker.v1.Sequencer
-	24, // 24: lockbroker.v1.CheckSequencerResponse.state:type_name -> lockbroker.v1.LockState
-	4,  // 25: lockbroker.v1.LockService.Acquire:input_type -> lockbroker.v1.AcquireRequest
-	11, // 26: lockbroker.v1.LockService.Release:input_type -> lockbroker.v1.ReleaseRequest
-	13, // 27: lockbroker.v1.LockService.Watch:input_type -> lockbroker.v1.WatchRequest
-	15, // 28: lockbroker.v1.LockService.GetLock:input_type -> lockbroker.v1.GetLockRequest
-	17, // 29: lockbroker.v1.LockService.SetValue:input_type -> lockbroker.v1.SetValueRequest
-	19, // 30: lockbroker.v1.LockService.CheckSequencer:input_type -> lockbroker.v1.CheckSequencerRequest
-	2,  // 31: lockbroker.v1.LockService.TryAcquire:input_type -> lockbroker.v1.TryAcquireRequest
-	5,  // 32: lockbroker.v1.LockService.Acquire:output_type -> lockbroker.v1.AcquireResponse
-	12, // 33: lockbroker.v1.LockService.Release:output_type -> lockbroker.v1.ReleaseResponse
-	14, // 34: lockbroker.v1.LockService.Watch:output_type -> lockbroker.v1.WatchResponse
-	16, // 35: lockbroker.v1.LockService.GetLock:output_type -> lockbroker.v1.GetLockResponse
-	18, // 36: lockbroker.v1.LockService.SetValue:output_type -> lockbroker.v1.SetValueResponse
-	20, // 37: lockbroker.v1.LockService.CheckSequencer:output_type -> lockbroker.v1.CheckSequencerResponse
-	3,  // 38: lockbroker.v1.LockService.TryAcquire:output_type -> lockbroker.v1.TryAcquireResponse
-	32, // [32:39] is the sub-list for method output_type
-	25, // [25:32] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	21, // 16: lockbroker.v1.AcquireAcquired.sequencers:type_name -> lockbroker.v1.Sequencer
+	22, // 17: lockbroker.v1.AcquireKeepalive.guaranteed_for:type_name -> google.protobuf.Duration
+	1,  // 18: lockbroker.v1.AcquireLost.reason:type_name -> lockbroker.v1.LostReason
+	22, // 19: lockbroker.v1.AcquireLost.guaranteed_for:type_name -> google.protobuf.Duration
+	21, // 20: lockbroker.v1.AcquireReleased.sequencer:type_name -> lockbroker.v1.Sequencer
+	21, // 21: lockbroker.v1.AcquireReleased.sequencers:type_name -> lockbroker.v1.Sequencer
+	24, // 22: lockbroker.v1.WatchResponse.state:type_name -> lockbroker.v1.LockState
+	24, // 23: lockbroker.v1.GetLockResponse.state:type_name -> lockbroker.v1.LockState
+	21, // 24: lockbroker.v1.SetValueResponse.sequencer:type_name -> lockbroker.v1.Sequencer
+	21, // 25: lockbroker.v1.CheckSequencerRequest.sequencer:type_name -> lockbroker.v1.Sequencer
+	24, // 26: lockbroker.v1.CheckSequencerResponse.state:type_name -> lockbroker.v1.LockState
+	4,  // 27: lockbroker.v1.LockService.Acquire:input_type -> lockbroker.v1.AcquireRequest
+	11, // 28: lockbroker.v1.LockService.Release:input_type -> lockbroker.v1.ReleaseRequest
+	13, // 29: lockbroker.v1.LockService.Watch:input_type -> lockbroker.v1.WatchRequest
+	15, // 30: lockbroker.v1.LockService.GetLock:input_type -> lockbroker.v1.GetLockRequest
+	17, // 31: lockbroker.v1.LockService.SetValue:input_type -> lockbroker.v1.SetValueRequest
+	19, // 32: lockbroker.v1.LockService.CheckSequencer:input_type -> lockbroker.v1.CheckSequencerRequest
+	2,  // 33: lockbroker.v1.LockService.TryAcquire:input_type -> lockbroker.v1.TryAcquireRequest
+	5,  // 34: lockbroker.v1.LockService.Acquire:output_type -> lockbroker.v1.AcquireResponse
+	12, // 35: lockbroker.v1.LockService.Release:output_type -> lockbroker.v1.ReleaseResponse
+	14, // 36: lockbroker.v1.LockService.Watch:output_type -> lockbroker.v1.WatchResponse
+	16, // 37: lockbroker.v1.LockService.GetLock:output_type -> lockbroker.v1.GetLockResponse
+	18, // 38: lockbroker.v1.LockService.SetValue:output_type -> lockbroker.v1.SetValueResponse
+	20, // 39: lockbroker.v1.LockService.CheckSequencer:output_type -> lockbroker.v1.CheckSequencerResponse
+	3,  // 40: lockbroker.v1.LockService.TryAcquire:output_type -> lockbroker.v1.TryAcquireResponse
+	34, // [34:41] is the sub-list for method output_type
+	27, // [27:34] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_lockbroker_v1_lock_proto_init() }

@@ -93,6 +93,10 @@ const (
 	// The key exists with flags that belong to neither recipe (a plain KV
 	// value or another tool's data). It cannot be locked.
 	LockKind_LOCK_KIND_FOREIGN LockKind = 4
+	// A read-write lock (AcquireKind READ and WRITE): the key carries the
+	// broker's read-write flags (docs/consul-layout.md). `holders` are its
+	// readers or its one writer (Holder.read tells which).
+	LockKind_LOCK_KIND_RWLOCK LockKind = 5
 )
 
 // Enum value maps for LockKind.
@@ -103,6 +107,7 @@ var (
 		2: "LOCK_KIND_LOCK",
 		3: "LOCK_KIND_SEMAPHORE",
 		4: "LOCK_KIND_FOREIGN",
+		5: "LOCK_KIND_RWLOCK",
 	}
 	LockKind_value = map[string]int32{
 		"LOCK_KIND_UNSPECIFIED": 0,
@@ -110,6 +115,7 @@ var (
 		"LOCK_KIND_LOCK":        2,
 		"LOCK_KIND_SEMAPHORE":   3,
 		"LOCK_KIND_FOREIGN":     4,
+		"LOCK_KIND_RWLOCK":      5,
 	}
 )
 
@@ -252,7 +258,10 @@ type Sequencer struct {
 	// the key. SetValue and resuming a hold keep it.
 	Token uint64 `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
 	// Whether the grant is a lock or a semaphore slot.
-	Kind          LockKind `protobuf:"varint,5,opt,name=kind,proto3,enum=lockbroker.v1.LockKind" json:"kind,omitempty"`
+	Kind LockKind `protobuf:"varint,5,opt,name=kind,proto3,enum=lockbroker.v1.LockKind" json:"kind,omitempty"`
+	// A read-write lock's grant (kind RWLOCK): true for a read (shared)
+	// hold, false for a write (exclusive) one.
+	Read          bool `protobuf:"varint,6,opt,name=read,proto3" json:"read,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -322,6 +331,13 @@ func (x *Sequencer) GetKind() LockKind {
 	return LockKind_LOCK_KIND_UNSPECIFIED
 }
 
+func (x *Sequencer) GetRead() bool {
+	if x != nil {
+		return x.Read
+	}
+	return false
+}
+
 // Holder is one current holder of a lock or semaphore slot.
 type Holder struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -341,7 +357,9 @@ type Holder struct {
 	LockIndex uint64 `protobuf:"varint,4,opt,name=lock_index,json=lockIndex,proto3" json:"lock_index,omitempty"`
 	// The session's name in Consul (SessionOptions.name; "lockbroker" by
 	// default). Empty when the session ended before the broker read it.
-	SessionName   string `protobuf:"bytes,5,opt,name=session_name,json=sessionName,proto3" json:"session_name,omitempty"`
+	SessionName string `protobuf:"bytes,5,opt,name=session_name,json=sessionName,proto3" json:"session_name,omitempty"`
+	// A read-write lock's holder: true for a reader, false for the writer.
+	Read          bool `protobuf:"varint,6,opt,name=read,proto3" json:"read,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -409,6 +427,13 @@ func (x *Holder) GetSessionName() string {
 		return x.SessionName
 	}
 	return ""
+}
+
+func (x *Holder) GetRead() bool {
+	if x != nil {
+		return x.Read
+	}
+	return false
 }
 
 // LockState is the state of a key: what it is and who holds it.
@@ -523,7 +548,7 @@ const file_lockbroker_v1_types_proto_rawDesc = "" +
 	"lock_delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationB\f\xbaH\t\xaa\x01\x06\"\x02\b<2\x00R\tlockDelay\x12D\n" +
 	"\bbehavior\x18\x03 \x01(\x0e2\x1e.lockbroker.v1.SessionBehaviorB\b\xbaH\x05\x82\x01\x02\x10\x01R\bbehavior\x12)\n" +
 	"\x06checks\x18\x04 \x03(\tB\x11\xbaH\x0e\x92\x01\v\x10\x10\"\ar\x05\x10\x01\x18\x80\x02R\x06checks\x12\x1c\n" +
-	"\x04name\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04name\"\xb4\x01\n" +
+	"\x04name\x18\x05 \x01(\tB\b\xbaH\x05r\x03(\x80\x01R\x04name\"\xc8\x01\n" +
 	"\tSequencer\x12\x1c\n" +
 	"\x03key\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\xc8\xf2\xb6\x04\x01R\x03key\x12'\n" +
@@ -532,7 +557,8 @@ const file_lockbroker_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"lock_index\x18\x03 \x01(\x04R\tlockIndex\x12\x14\n" +
 	"\x05token\x18\x04 \x01(\x04R\x05token\x12+\n" +
-	"\x04kind\x18\x05 \x01(\x0e2\x17.lockbroker.v1.LockKindR\x04kind\"\x95\x01\n" +
+	"\x04kind\x18\x05 \x01(\x0e2\x17.lockbroker.v1.LockKindR\x04kind\x12\x12\n" +
+	"\x04read\x18\x06 \x01(\bR\x04read\"\xa9\x01\n" +
 	"\x06Holder\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x14\n" +
@@ -540,7 +566,8 @@ const file_lockbroker_v1_types_proto_rawDesc = "" +
 	"\x05token\x18\x03 \x01(\x04R\x05token\x12\x1d\n" +
 	"\n" +
 	"lock_index\x18\x04 \x01(\x04R\tlockIndex\x12!\n" +
-	"\fsession_name\x18\x05 \x01(\tR\vsessionName\"\xc1\x01\n" +
+	"\fsession_name\x18\x05 \x01(\tR\vsessionName\x12\x12\n" +
+	"\x04read\x18\x06 \x01(\bR\x04read\"\xc1\x01\n" +
 	"\tLockState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12+\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x17.lockbroker.v1.LockKindR\x04kind\x12\x14\n" +
@@ -551,13 +578,14 @@ const file_lockbroker_v1_types_proto_rawDesc = "" +
 	"\x0fSessionBehavior\x12 \n" +
 	"\x1cSESSION_BEHAVIOR_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18SESSION_BEHAVIOR_RELEASE\x10\x01\x12\x1b\n" +
-	"\x17SESSION_BEHAVIOR_DELETE\x10\x02*}\n" +
+	"\x17SESSION_BEHAVIOR_DELETE\x10\x02*\x93\x01\n" +
 	"\bLockKind\x12\x19\n" +
 	"\x15LOCK_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eLOCK_KIND_NONE\x10\x01\x12\x12\n" +
 	"\x0eLOCK_KIND_LOCK\x10\x02\x12\x17\n" +
 	"\x13LOCK_KIND_SEMAPHORE\x10\x03\x12\x15\n" +
-	"\x11LOCK_KIND_FOREIGN\x10\x04BAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3"
+	"\x11LOCK_KIND_FOREIGN\x10\x04\x12\x14\n" +
+	"\x10LOCK_KIND_RWLOCK\x10\x05BAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3"
 
 var (
 	file_lockbroker_v1_types_proto_rawDescOnce sync.Once

@@ -132,6 +132,22 @@ export declare type HoldInfo = Message<"lockbroker.v1.HoldInfo"> & {
    * @generated from field: uint32 position = 9;
    */
   position: number;
+
+  /**
+   * A read-write lock's hold or waiter: true for a reader (ACQUIRE_KIND_READ),
+   * false for a writer.
+   *
+   * @generated from field: bool read = 10;
+   */
+  read: boolean;
+
+  /**
+   * A multi-key lock's hold or waiter: the other keys it holds (or waits
+   * for) together with `key`. Each of its keys is listed, once each.
+   *
+   * @generated from field: repeated string with_keys = 11;
+   */
+  withKeys: string[];
 };
 
 /**

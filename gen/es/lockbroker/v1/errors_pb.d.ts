@@ -71,8 +71,10 @@ export enum ErrorReason {
 
   /**
    * FAILED_PRECONDITION: the semaphore's stored limit differs from the
-   * requested one, or a lock is asked for on a semaphore prefix (or the
-   * other way round).
+   * requested one, or the key is another kind than the request asks for:
+   * a lock asked for on a semaphore prefix or a read-write lock, a read or
+   * write hold asked for on a lock or a semaphore, and so on. The message
+   * names the kind found; the LockState detail carries it too.
    *
    * @generated from enum value: ERROR_REASON_LIMIT_CONFLICT = 6;
    */

@@ -117,6 +117,14 @@ export declare type Sequencer = Message<"lockbroker.v1.Sequencer"> & {
    * @generated from field: lockbroker.v1.LockKind kind = 5;
    */
   kind: LockKind;
+
+  /**
+   * A read-write lock's grant (kind RWLOCK): true for a read (shared)
+   * hold, false for a write (exclusive) one.
+   *
+   * @generated from field: bool read = 6;
+   */
+  read: boolean;
 };
 
 /**
@@ -172,6 +180,13 @@ export declare type Holder = Message<"lockbroker.v1.Holder"> & {
    * @generated from field: string session_name = 5;
    */
   sessionName: string;
+
+  /**
+   * A read-write lock's holder: true for a reader, false for the writer.
+   *
+   * @generated from field: bool read = 6;
+   */
+  read: boolean;
 };
 
 /**
@@ -319,6 +334,15 @@ export enum LockKind {
    * @generated from enum value: LOCK_KIND_FOREIGN = 4;
    */
   FOREIGN = 4,
+
+  /**
+   * A read-write lock (AcquireKind READ and WRITE): the key carries the
+   * broker's read-write flags (docs/consul-layout.md). `holders` are its
+   * readers or its one writer (Holder.read tells which).
+   *
+   * @generated from enum value: LOCK_KIND_RWLOCK = 5;
+   */
+  RWLOCK = 5,
 }
 
 /**

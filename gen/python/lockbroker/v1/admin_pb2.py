@@ -17,7 +17,7 @@ from lockbroker.v1 import key_pb2 as lockbroker_dot_v1_dot_key__pb2
 from lockbroker.v1 import session_pb2 as lockbroker_dot_v1_dot_session__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19lockbroker/v1/admin.proto\x12\rlockbroker.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17lockbroker/v1/key.proto\x1a\x1blockbroker/v1/session.proto\";\n\x10ListHoldsRequest\x12\'\n\nkey_prefix\x18\x01 \x01(\tB\x08\xbaH\x05r\x03(\x80\x04R\tkeyPrefix\"B\n\x11ListHoldsResponse\x12-\n\x05holds\x18\x01 \x03(\x0b\x32\x17.lockbroker.v1.HoldInfoR\x05holds\"\x8e\x02\n\x08HoldInfo\x12\x16\n\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n\x03key\x18\x02 \x01(\tR\x03key\x12\x1d\n\nsession_id\x18\x03 \x01(\tR\tsessionId\x12!\n\x0csession_name\x18\x04 \x01(\tR\x0bsessionName\x12\x14\n\x05token\x18\x05 \x01(\x04R\x05token\x12\x30\n\x05since\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x05since\x12\x18\n\x07replica\x18\x07 \x01(\tR\x07replica\x12\x18\n\x07waiting\x18\x08 \x01(\x08R\x07waiting\x12\x1a\n\x08position\x18\t \x01(\rR\x08position\"C\n\x1f\x41\x64minServiceListSessionsRequest\x12 \n\x06tenant\x18\x01 \x01(\tB\x08\xbaH\x05r\x03(\x80\x01R\x06tenant\"\\\n AdminServiceListSessionsResponse\x12\x38\n\x08sessions\x18\x01 \x03(\x0b\x32\x1c.lockbroker.v1.TenantSessionR\x08sessions\"`\n\rTenantSession\x12\x16\n\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x37\n\x07summary\x18\x02 \x01(\x0b\x32\x1d.lockbroker.v1.SessionSummaryR\x07summary\"3\n\x13\x46orceReleaseRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\"2\n\x14\x46orceReleaseResponse\x12\x1a\n\x08released\x18\x01 \x01(\rR\x08released2\xa8\x02\n\x0c\x41\x64minService\x12N\n\tListHolds\x12\x1f.lockbroker.v1.ListHoldsRequest\x1a .lockbroker.v1.ListHoldsResponse\x12o\n\x0cListSessions\x12..lockbroker.v1.AdminServiceListSessionsRequest\x1a/.lockbroker.v1.AdminServiceListSessionsResponse\x12W\n\x0c\x46orceRelease\x12\".lockbroker.v1.ForceReleaseRequest\x1a#.lockbroker.v1.ForceReleaseResponseBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19lockbroker/v1/admin.proto\x12\rlockbroker.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17lockbroker/v1/key.proto\x1a\x1blockbroker/v1/session.proto\";\n\x10ListHoldsRequest\x12\'\n\nkey_prefix\x18\x01 \x01(\tB\x08\xbaH\x05r\x03(\x80\x04R\tkeyPrefix\"B\n\x11ListHoldsResponse\x12-\n\x05holds\x18\x01 \x03(\x0b\x32\x17.lockbroker.v1.HoldInfoR\x05holds\"\xbf\x02\n\x08HoldInfo\x12\x16\n\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n\x03key\x18\x02 \x01(\tR\x03key\x12\x1d\n\nsession_id\x18\x03 \x01(\tR\tsessionId\x12!\n\x0csession_name\x18\x04 \x01(\tR\x0bsessionName\x12\x14\n\x05token\x18\x05 \x01(\x04R\x05token\x12\x30\n\x05since\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x05since\x12\x18\n\x07replica\x18\x07 \x01(\tR\x07replica\x12\x18\n\x07waiting\x18\x08 \x01(\x08R\x07waiting\x12\x1a\n\x08position\x18\t \x01(\rR\x08position\x12\x12\n\x04read\x18\n \x01(\x08R\x04read\x12\x1b\n\twith_keys\x18\x0b \x03(\tR\x08withKeys\"C\n\x1f\x41\x64minServiceListSessionsRequest\x12 \n\x06tenant\x18\x01 \x01(\tB\x08\xbaH\x05r\x03(\x80\x01R\x06tenant\"\\\n AdminServiceListSessionsResponse\x12\x38\n\x08sessions\x18\x01 \x03(\x0b\x32\x1c.lockbroker.v1.TenantSessionR\x08sessions\"`\n\rTenantSession\x12\x16\n\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x37\n\x07summary\x18\x02 \x01(\x0b\x32\x1d.lockbroker.v1.SessionSummaryR\x07summary\"3\n\x13\x46orceReleaseRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\"2\n\x14\x46orceReleaseResponse\x12\x1a\n\x08released\x18\x01 \x01(\rR\x08released2\xa8\x02\n\x0c\x41\x64minService\x12N\n\tListHolds\x12\x1f.lockbroker.v1.ListHoldsRequest\x1a .lockbroker.v1.ListHoldsResponse\x12o\n\x0cListSessions\x12..lockbroker.v1.AdminServiceListSessionsRequest\x1a/.lockbroker.v1.AdminServiceListSessionsResponse\x12W\n\x0c\x46orceRelease\x12\".lockbroker.v1.ForceReleaseRequest\x1a#.lockbroker.v1.ForceReleaseResponseBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lockbroker.v1.admin_pb2', globals())
@@ -36,17 +36,17 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _LISTHOLDSRESPONSE._serialized_start=221
   _LISTHOLDSRESPONSE._serialized_end=287
   _HOLDINFO._serialized_start=290
-  _HOLDINFO._serialized_end=560
-  _ADMINSERVICELISTSESSIONSREQUEST._serialized_start=562
-  _ADMINSERVICELISTSESSIONSREQUEST._serialized_end=629
-  _ADMINSERVICELISTSESSIONSRESPONSE._serialized_start=631
-  _ADMINSERVICELISTSESSIONSRESPONSE._serialized_end=723
-  _TENANTSESSION._serialized_start=725
-  _TENANTSESSION._serialized_end=821
-  _FORCERELEASEREQUEST._serialized_start=823
-  _FORCERELEASEREQUEST._serialized_end=874
-  _FORCERELEASERESPONSE._serialized_start=876
-  _FORCERELEASERESPONSE._serialized_end=926
-  _ADMINSERVICE._serialized_start=929
-  _ADMINSERVICE._serialized_end=1225
+  _HOLDINFO._serialized_end=609
+  _ADMINSERVICELISTSESSIONSREQUEST._serialized_start=611
+  _ADMINSERVICELISTSESSIONSREQUEST._serialized_end=678
+  _ADMINSERVICELISTSESSIONSRESPONSE._serialized_start=680
+  _ADMINSERVICELISTSESSIONSRESPONSE._serialized_end=772
+  _TENANTSESSION._serialized_start=774
+  _TENANTSESSION._serialized_end=870
+  _FORCERELEASEREQUEST._serialized_start=872
+  _FORCERELEASEREQUEST._serialized_end=923
+  _FORCERELEASERESPONSE._serialized_start=925
+  _FORCERELEASERESPONSE._serialized_end=975
+  _ADMINSERVICE._serialized_start=978
+  _ADMINSERVICE._serialized_end=1274
 # @@protoc_insertion_point(module_scope)

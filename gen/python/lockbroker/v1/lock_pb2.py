@@ -17,7 +17,7 @@ from lockbroker.v1 import key_pb2 as lockbroker_dot_v1_dot_key__pb2
 from lockbroker.v1 import types_pb2 as lockbroker_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lockbroker/v1/lock.proto\x12\rlockbroker.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17lockbroker/v1/key.proto\x1a\x19lockbroker/v1/types.proto\"\xd5\x01\n\x11TryAcquireRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n\x05value\x18\x02 \x01(\x0c\x42\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x1e\n\x05limit\x18\x03 \x01(\rB\x08\xbaH\x05*\x03\x18\x80\x08R\x05limit\x12\'\n\nsession_id\x18\x04 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x38\n\x04kind\x18\x05 \x01(\x0e\x32\x1a.lockbroker.v1.AcquireKindB\x08\xbaH\x05\x82\x01\x02\x10\x01R\x04kind\"L\n\x12TryAcquireResponse\x12\x36\n\tsequencer\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.SequencerR\tsequencer\"\xb7\x03\n\x0e\x41\x63quireRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n\x05value\x18\x02 \x01(\x0c\x42\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x1e\n\x05limit\x18\x03 \x01(\rB\x08\xbaH\x05*\x03\x18\x80\x08R\x05limit\x12L\n\x0cwait_timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0e\xbaH\x0b\xaa\x01\x08\"\x04\x08\x80\xa3\x05\x32\x00R\x0bwaitTimeout\x12@\n\x0bnew_session\x18\x05 \x01(\x0b\x32\x1d.lockbroker.v1.SessionOptionsH\x00R\nnewSession\x12)\n\nsession_id\x18\x06 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01H\x00R\tsessionId\x12\x32\n\x06resume\x18\x07 \x01(\x0b\x32\x18.lockbroker.v1.SequencerH\x00R\x06resume\x12\x12\n\x04\x66\x61ir\x18\x08 \x01(\x08R\x04\x66\x61ir\x12\x38\n\x04kind\x18\t \x01(\x0e\x32\x1a.lockbroker.v1.AcquireKindB\x08\xbaH\x05\x82\x01\x02\x10\x01R\x04kindB\t\n\x07session\"\xc1\x02\n\x0f\x41\x63quireResponse\x12\x36\n\x06queued\x18\x01 \x01(\x0b\x32\x1c.lockbroker.v1.AcquireQueuedH\x00R\x06queued\x12<\n\x08\x61\x63quired\x18\x02 \x01(\x0b\x32\x1e.lockbroker.v1.AcquireAcquiredH\x00R\x08\x61\x63quired\x12?\n\tkeepalive\x18\x03 \x01(\x0b\x32\x1f.lockbroker.v1.AcquireKeepaliveH\x00R\tkeepalive\x12\x30\n\x04lost\x18\x04 \x01(\x0b\x32\x1a.lockbroker.v1.AcquireLostH\x00R\x04lost\x12<\n\x08released\x18\x05 \x01(\x0b\x32\x1e.lockbroker.v1.AcquireReleasedH\x00R\x08releasedB\x07\n\x05\x65vent\"\x80\x02\n\rAcquireQueued\x12.\n\x05state\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.LockStateR\x05state\x12K\n\x14lock_delay_remaining\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x12lockDelayRemaining\x12\x1d\n\nsession_id\x18\x03 \x01(\tR\tsessionId\x12\x37\n\theartbeat\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationR\theartbeat\x12\x1a\n\x08position\x18\x05 \x01(\rR\x08position\"\xa5\x01\n\x0f\x41\x63quireAcquired\x12\x36\n\tsequencer\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.SequencerR\tsequencer\x12@\n\x0eguaranteed_for\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\rguaranteedFor\x12\x18\n\x07resumed\x18\x03 \x01(\x08R\x07resumed\"T\n\x10\x41\x63quireKeepalive\x12@\n\x0eguaranteed_for\x18\x01 \x01(\x0b\x32\x19.google.protobuf.DurationR\rguaranteedFor\"\x9a\x01\n\x0b\x41\x63quireLost\x12\x31\n\x06reason\x18\x01 \x01(\x0e\x32\x19.lockbroker.v1.LostReasonR\x06reason\x12\x16\n\x06\x64\x65tail\x18\x02 \x01(\tR\x06\x64\x65tail\x12@\n\x0eguaranteed_for\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationR\rguaranteedFor\"I\n\x0f\x41\x63quireReleased\x12\x36\n\tsequencer\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.SequencerR\tsequencer\"m\n\x0eReleaseRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\'\n\nsession_id\x18\x02 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x14\n\x05token\x18\x03 \x01(\x04R\x05token\"-\n\x0fReleaseResponse\x12\x1a\n\x08released\x18\x01 \x01(\x08R\x08released\"D\n\x0cWatchRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x16\n\x06prefix\x18\x02 \x01(\x08R\x06prefix\"\x86\x01\n\rWatchResponse\x12.\n\x05state\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.LockStateR\x05state\x12\x18\n\x07skipped\x18\x02 \x01(\x04R\x07skipped\x12+\n\x11snapshot_complete\x18\x03 \x01(\x08R\x10snapshotComplete\".\n\x0eGetLockRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\"A\n\x0fGetLockResponse\x12.\n\x05state\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.LockStateR\x05state\"\x8f\x01\n\x0fSetValueRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\'\n\nsession_id\x18\x02 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x1f\n\x05value\x18\x03 \x01(\x0c\x42\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x14\n\x05token\x18\x04 \x01(\x04R\x05token\"J\n\x10SetValueResponse\x12\x36\n\tsequencer\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.SequencerR\tsequencer\"W\n\x15\x43heckSequencerRequest\x12>\n\tsequencer\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.SequencerB\x06\xbaH\x03\xc8\x01\x01R\tsequencer\"b\n\x16\x43heckSequencerResponse\x12\x18\n\x07\x63urrent\x18\x01 \x01(\x08R\x07\x63urrent\x12.\n\x05state\x18\x02 \x01(\x0b\x32\x18.lockbroker.v1.LockStateR\x05state*^\n\x0b\x41\x63quireKind\x12\x1c\n\x18\x41\x43QUIRE_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41\x43QUIRE_KIND_LOCK\x10\x01\x12\x1a\n\x16\x41\x43QUIRE_KIND_SEMAPHORE\x10\x02*\xb8\x02\n\nLostReason\x12\x1b\n\x17LOST_REASON_UNSPECIFIED\x10\x00\x12#\n\x1fLOST_REASON_SESSION_INVALIDATED\x10\x01\x12!\n\x1dLOST_REASON_RELEASED_BY_OTHER\x10\x02\x12 \n\x1cLOST_REASON_DELETED_BY_OTHER\x10\x03\x12\x1e\n\x1aLOST_REASON_RENEWAL_FAILED\x10\x04\x12\x1e\n\x1aLOST_REASON_LIMIT_CONFLICT\x10\x05\x12\x1f\n\x1bLOST_REASON_BROKER_SHUTDOWN\x10\x06\x12!\n\x1dLOST_REASON_RESUMED_ELSEWHERE\x10\x07\x12\x1f\n\x1bLOST_REASON_REPLICA_CUT_OFF\x10\x08\x32\xb2\x04\n\x0bLockService\x12J\n\x07\x41\x63quire\x12\x1d.lockbroker.v1.AcquireRequest\x1a\x1e.lockbroker.v1.AcquireResponse0\x01\x12H\n\x07Release\x12\x1d.lockbroker.v1.ReleaseRequest\x1a\x1e.lockbroker.v1.ReleaseResponse\x12\x44\n\x05Watch\x12\x1b.lockbroker.v1.WatchRequest\x1a\x1c.lockbroker.v1.WatchResponse0\x01\x12H\n\x07GetLock\x12\x1d.lockbroker.v1.GetLockRequest\x1a\x1e.lockbroker.v1.GetLockResponse\x12K\n\x08SetValue\x12\x1e.lockbroker.v1.SetValueRequest\x1a\x1f.lockbroker.v1.SetValueResponse\x12]\n\x0e\x43heckSequencer\x12$.lockbroker.v1.CheckSequencerRequest\x1a%.lockbroker.v1.CheckSequencerResponse\x12Q\n\nTryAcquire\x12 .lockbroker.v1.TryAcquireRequest\x1a!.lockbroker.v1.TryAcquireResponseBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lockbroker/v1/lock.proto\x12\rlockbroker.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17lockbroker/v1/key.proto\x1a\x19lockbroker/v1/types.proto\"\xd5\x01\n\x11TryAcquireRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n\x05value\x18\x02 \x01(\x0c\x42\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x1e\n\x05limit\x18\x03 \x01(\rB\x08\xbaH\x05*\x03\x18\x80\x08R\x05limit\x12\'\n\nsession_id\x18\x04 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x38\n\x04kind\x18\x05 \x01(\x0e\x32\x1a.lockbroker.v1.AcquireKindB\x08\xbaH\x05\x82\x01\x02\x10\x01R\x04kind\"L\n\x12TryAcquireResponse\x12\x36\n\tsequencer\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.SequencerR\tsequencer\"\xe0\x03\n\x0e\x41\x63quireRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x1f\n\x05value\x18\x02 \x01(\x0c\x42\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x1e\n\x05limit\x18\x03 \x01(\rB\x08\xbaH\x05*\x03\x18\x80\x08R\x05limit\x12L\n\x0cwait_timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0e\xbaH\x0b\xaa\x01\x08\"\x04\x08\x80\xa3\x05\x32\x00R\x0bwaitTimeout\x12@\n\x0bnew_session\x18\x05 \x01(\x0b\x32\x1d.lockbroker.v1.SessionOptionsH\x00R\nnewSession\x12)\n\nsession_id\x18\x06 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01H\x00R\tsessionId\x12\x32\n\x06resume\x18\x07 \x01(\x0b\x32\x18.lockbroker.v1.SequencerH\x00R\x06resume\x12\x12\n\x04\x66\x61ir\x18\x08 \x01(\x08R\x04\x66\x61ir\x12\x38\n\x04kind\x18\t \x01(\x0e\x32\x1a.lockbroker.v1.AcquireKindB\x08\xbaH\x05\x82\x01\x02\x10\x01R\x04kind\x12\'\n\x04keys\x18\n \x03(\tB\x13\xbaH\x10\x92\x01\r\x10?\x18\x01\"\x07r\x05\xc8\xf2\xb6\x04\x01R\x04keysB\t\n\x07session\"\xc1\x02\n\x0f\x41\x63quireResponse\x12\x36\n\x06queued\x18\x01 \x01(\x0b\x32\x1c.lockbroker.v1.AcquireQueuedH\x00R\x06queued\x12<\n\x08\x61\x63quired\x18\x02 \x01(\x0b\x32\x1e.lockbroker.v1.AcquireAcquiredH\x00R\x08\x61\x63quired\x12?\n\tkeepalive\x18\x03 \x01(\x0b\x32\x1f.lockbroker.v1.AcquireKeepaliveH\x00R\tkeepalive\x12\x30\n\x04lost\x18\x04 \x01(\x0b\x32\x1a.lockbroker.v1.AcquireLostH\x00R\x04lost\x12<\n\x08released\x18\x05 \x01(\x0b\x32\x1e.lockbroker.v1.AcquireReleasedH\x00R\x08releasedB\x07\n\x05\x65vent\"\x80\x02\n\rAcquireQueued\x12.\n\x05state\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.LockStateR\x05state\x12K\n\x14lock_delay_remaining\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x12lockDelayRemaining\x12\x1d\n\nsession_id\x18\x03 \x01(\tR\tsessionId\x12\x37\n\theartbeat\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationR\theartbeat\x12\x1a\n\x08position\x18\x05 \x01(\rR\x08position\"\xdf\x01\n\x0f\x41\x63quireAcquired\x12\x36\n\tsequencer\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.SequencerR\tsequencer\x12@\n\x0eguaranteed_for\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\rguaranteedFor\x12\x18\n\x07resumed\x18\x03 \x01(\x08R\x07resumed\x12\x38\n\nsequencers\x18\x04 \x03(\x0b\x32\x18.lockbroker.v1.SequencerR\nsequencers\"T\n\x10\x41\x63quireKeepalive\x12@\n\x0eguaranteed_for\x18\x01 \x01(\x0b\x32\x19.google.protobuf.DurationR\rguaranteedFor\"\xac\x01\n\x0b\x41\x63quireLost\x12\x31\n\x06reason\x18\x01 \x01(\x0e\x32\x19.lockbroker.v1.LostReasonR\x06reason\x12\x16\n\x06\x64\x65tail\x18\x02 \x01(\tR\x06\x64\x65tail\x12@\n\x0eguaranteed_for\x18\x03 \x01(\x0b\x32\x19.google.protobuf.DurationR\rguaranteedFor\x12\x10\n\x03key\x18\x04 \x01(\tR\x03key\"\x83\x01\n\x0f\x41\x63quireReleased\x12\x36\n\tsequencer\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.SequencerR\tsequencer\x12\x38\n\nsequencers\x18\x02 \x03(\x0b\x32\x18.lockbroker.v1.SequencerR\nsequencers\"m\n\x0eReleaseRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\'\n\nsession_id\x18\x02 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x14\n\x05token\x18\x03 \x01(\x04R\x05token\"-\n\x0fReleaseResponse\x12\x1a\n\x08released\x18\x01 \x01(\x08R\x08released\"D\n\x0cWatchRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\x16\n\x06prefix\x18\x02 \x01(\x08R\x06prefix\"\x86\x01\n\rWatchResponse\x12.\n\x05state\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.LockStateR\x05state\x12\x18\n\x07skipped\x18\x02 \x01(\x04R\x07skipped\x12+\n\x11snapshot_complete\x18\x03 \x01(\x08R\x10snapshotComplete\".\n\x0eGetLockRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\"A\n\x0fGetLockResponse\x12.\n\x05state\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.LockStateR\x05state\"\x8f\x01\n\x0fSetValueRequest\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\'\n\nsession_id\x18\x02 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x1f\n\x05value\x18\x03 \x01(\x0c\x42\t\xbaH\x06z\x04\x18\x80\x80\x10R\x05value\x12\x14\n\x05token\x18\x04 \x01(\x04R\x05token\"J\n\x10SetValueResponse\x12\x36\n\tsequencer\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.SequencerR\tsequencer\"W\n\x15\x43heckSequencerRequest\x12>\n\tsequencer\x18\x01 \x01(\x0b\x32\x18.lockbroker.v1.SequencerB\x06\xbaH\x03\xc8\x01\x01R\tsequencer\"b\n\x16\x43heckSequencerResponse\x12\x18\n\x07\x63urrent\x18\x01 \x01(\x08R\x07\x63urrent\x12.\n\x05state\x18\x02 \x01(\x0b\x32\x18.lockbroker.v1.LockStateR\x05state*\x8d\x01\n\x0b\x41\x63quireKind\x12\x1c\n\x18\x41\x43QUIRE_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41\x43QUIRE_KIND_LOCK\x10\x01\x12\x1a\n\x16\x41\x43QUIRE_KIND_SEMAPHORE\x10\x02\x12\x15\n\x11\x41\x43QUIRE_KIND_READ\x10\x03\x12\x16\n\x12\x41\x43QUIRE_KIND_WRITE\x10\x04*\xb8\x02\n\nLostReason\x12\x1b\n\x17LOST_REASON_UNSPECIFIED\x10\x00\x12#\n\x1fLOST_REASON_SESSION_INVALIDATED\x10\x01\x12!\n\x1dLOST_REASON_RELEASED_BY_OTHER\x10\x02\x12 \n\x1cLOST_REASON_DELETED_BY_OTHER\x10\x03\x12\x1e\n\x1aLOST_REASON_RENEWAL_FAILED\x10\x04\x12\x1e\n\x1aLOST_REASON_LIMIT_CONFLICT\x10\x05\x12\x1f\n\x1bLOST_REASON_BROKER_SHUTDOWN\x10\x06\x12!\n\x1dLOST_REASON_RESUMED_ELSEWHERE\x10\x07\x12\x1f\n\x1bLOST_REASON_REPLICA_CUT_OFF\x10\x08\x32\xb2\x04\n\x0bLockService\x12J\n\x07\x41\x63quire\x12\x1d.lockbroker.v1.AcquireRequest\x1a\x1e.lockbroker.v1.AcquireResponse0\x01\x12H\n\x07Release\x12\x1d.lockbroker.v1.ReleaseRequest\x1a\x1e.lockbroker.v1.ReleaseResponse\x12\x44\n\x05Watch\x12\x1b.lockbroker.v1.WatchRequest\x1a\x1c.lockbroker.v1.WatchResponse0\x01\x12H\n\x07GetLock\x12\x1d.lockbroker.v1.GetLockRequest\x1a\x1e.lockbroker.v1.GetLockResponse\x12K\n\x08SetValue\x12\x1e.lockbroker.v1.SetValueRequest\x1a\x1f.lockbroker.v1.SetValueResponse\x12]\n\x0e\x43heckSequencer\x12$.lockbroker.v1.CheckSequencerRequest\x1a%.lockbroker.v1.CheckSequencerResponse\x12Q\n\nTryAcquire\x12 .lockbroker.v1.TryAcquireRequest\x1a!.lockbroker.v1.TryAcquireResponseBAZ?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lockbroker.v1.lock_pb2', globals())
@@ -47,6 +47,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _ACQUIREREQUEST.fields_by_name['session_id']._serialized_options = b'\272H\005r\003\260\001\001'
   _ACQUIREREQUEST.fields_by_name['kind']._options = None
   _ACQUIREREQUEST.fields_by_name['kind']._serialized_options = b'\272H\005\202\001\002\020\001'
+  _ACQUIREREQUEST.fields_by_name['keys']._options = None
+  _ACQUIREREQUEST.fields_by_name['keys']._serialized_options = b'\272H\020\222\001\r\020?\030\001\"\007r\005\310\362\266\004\001'
   _RELEASEREQUEST.fields_by_name['key']._options = None
   _RELEASEREQUEST.fields_by_name['key']._serialized_options = b'\272H\007r\005\310\362\266\004\001'
   _RELEASEREQUEST.fields_by_name['session_id']._options = None
@@ -63,48 +65,48 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _SETVALUEREQUEST.fields_by_name['value']._serialized_options = b'\272H\006z\004\030\200\200\020'
   _CHECKSEQUENCERREQUEST.fields_by_name['sequencer']._options = None
   _CHECKSEQUENCERREQUEST.fields_by_name['sequencer']._serialized_options = b'\272H\003\310\001\001'
-  _ACQUIREKIND._serialized_start=2852
-  _ACQUIREKIND._serialized_end=2946
-  _LOSTREASON._serialized_start=2949
-  _LOSTREASON._serialized_end=3261
+  _ACQUIREKIND._serialized_start=3029
+  _ACQUIREKIND._serialized_end=3170
+  _LOSTREASON._serialized_start=3173
+  _LOSTREASON._serialized_end=3485
   _TRYACQUIREREQUEST._serialized_start=157
   _TRYACQUIREREQUEST._serialized_end=370
   _TRYACQUIRERESPONSE._serialized_start=372
   _TRYACQUIRERESPONSE._serialized_end=448
   _ACQUIREREQUEST._serialized_start=451
-  _ACQUIREREQUEST._serialized_end=890
-  _ACQUIRERESPONSE._serialized_start=893
-  _ACQUIRERESPONSE._serialized_end=1214
-  _ACQUIREQUEUED._serialized_start=1217
-  _ACQUIREQUEUED._serialized_end=1473
-  _ACQUIREACQUIRED._serialized_start=1476
-  _ACQUIREACQUIRED._serialized_end=1641
-  _ACQUIREKEEPALIVE._serialized_start=1643
-  _ACQUIREKEEPALIVE._serialized_end=1727
-  _ACQUIRELOST._serialized_start=1730
-  _ACQUIRELOST._serialized_end=1884
-  _ACQUIRERELEASED._serialized_start=1886
-  _ACQUIRERELEASED._serialized_end=1959
-  _RELEASEREQUEST._serialized_start=1961
-  _RELEASEREQUEST._serialized_end=2070
-  _RELEASERESPONSE._serialized_start=2072
-  _RELEASERESPONSE._serialized_end=2117
-  _WATCHREQUEST._serialized_start=2119
-  _WATCHREQUEST._serialized_end=2187
-  _WATCHRESPONSE._serialized_start=2190
-  _WATCHRESPONSE._serialized_end=2324
-  _GETLOCKREQUEST._serialized_start=2326
-  _GETLOCKREQUEST._serialized_end=2372
-  _GETLOCKRESPONSE._serialized_start=2374
-  _GETLOCKRESPONSE._serialized_end=2439
-  _SETVALUEREQUEST._serialized_start=2442
-  _SETVALUEREQUEST._serialized_end=2585
-  _SETVALUERESPONSE._serialized_start=2587
-  _SETVALUERESPONSE._serialized_end=2661
-  _CHECKSEQUENCERREQUEST._serialized_start=2663
-  _CHECKSEQUENCERREQUEST._serialized_end=2750
-  _CHECKSEQUENCERRESPONSE._serialized_start=2752
-  _CHECKSEQUENCERRESPONSE._serialized_end=2850
-  _LOCKSERVICE._serialized_start=3264
-  _LOCKSERVICE._serialized_end=3826
+  _ACQUIREREQUEST._serialized_end=931
+  _ACQUIRERESPONSE._serialized_start=934
+  _ACQUIRERESPONSE._serialized_end=1255
+  _ACQUIREQUEUED._serialized_start=1258
+  _ACQUIREQUEUED._serialized_end=1514
+  _ACQUIREACQUIRED._serialized_start=1517
+  _ACQUIREACQUIRED._serialized_end=1740
+  _ACQUIREKEEPALIVE._serialized_start=1742
+  _ACQUIREKEEPALIVE._serialized_end=1826
+  _ACQUIRELOST._serialized_start=1829
+  _ACQUIRELOST._serialized_end=2001
+  _ACQUIRERELEASED._serialized_start=2004
+  _ACQUIRERELEASED._serialized_end=2135
+  _RELEASEREQUEST._serialized_start=2137
+  _RELEASEREQUEST._serialized_end=2246
+  _RELEASERESPONSE._serialized_start=2248
+  _RELEASERESPONSE._serialized_end=2293
+  _WATCHREQUEST._serialized_start=2295
+  _WATCHREQUEST._serialized_end=2363
+  _WATCHRESPONSE._serialized_start=2366
+  _WATCHRESPONSE._serialized_end=2500
+  _GETLOCKREQUEST._serialized_start=2502
+  _GETLOCKREQUEST._serialized_end=2548
+  _GETLOCKRESPONSE._serialized_start=2550
+  _GETLOCKRESPONSE._serialized_end=2615
+  _SETVALUEREQUEST._serialized_start=2618
+  _SETVALUEREQUEST._serialized_end=2761
+  _SETVALUERESPONSE._serialized_start=2763
+  _SETVALUERESPONSE._serialized_end=2837
+  _CHECKSEQUENCERREQUEST._serialized_start=2839
+  _CHECKSEQUENCERREQUEST._serialized_end=2926
+  _CHECKSEQUENCERRESPONSE._serialized_start=2928
+  _CHECKSEQUENCERRESPONSE._serialized_end=3026
+  _LOCKSERVICE._serialized_start=3488
+  _LOCKSERVICE._serialized_end=4050
 # @@protoc_insertion_point(module_scope)

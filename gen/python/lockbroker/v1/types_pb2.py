@@ -16,7 +16,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from lockbroker.v1 import key_pb2 as lockbroker_dot_v1_dot_key__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19lockbroker/v1/types.proto\x12\rlockbroker.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17lockbroker/v1/key.proto\"\xa6\x02\n\x0eSessionOptions\x12=\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.DurationB\x10\xbaH\r\xaa\x01\n\"\x04\x08\x80\xa3\x05\x32\x02\x08\nR\x03ttl\x12\x46\n\nlock_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0c\xbaH\t\xaa\x01\x06\"\x02\x08<2\x00R\tlockDelay\x12\x44\n\x08\x62\x65havior\x18\x03 \x01(\x0e\x32\x1e.lockbroker.v1.SessionBehaviorB\x08\xbaH\x05\x82\x01\x02\x10\x01R\x08\x62\x65havior\x12)\n\x06\x63hecks\x18\x04 \x03(\tB\x11\xbaH\x0e\x92\x01\x0b\x10\x10\"\x07r\x05\x10\x01\x18\x80\x02R\x06\x63hecks\x12\x1c\n\x04name\x18\x05 \x01(\tB\x08\xbaH\x05r\x03(\x80\x01R\x04name\"\xb4\x01\n\tSequencer\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\'\n\nsession_id\x18\x02 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x1d\n\nlock_index\x18\x03 \x01(\x04R\tlockIndex\x12\x14\n\x05token\x18\x04 \x01(\x04R\x05token\x12+\n\x04kind\x18\x05 \x01(\x0e\x32\x17.lockbroker.v1.LockKindR\x04kind\"\x95\x01\n\x06Holder\x12\x1d\n\nsession_id\x18\x01 \x01(\tR\tsessionId\x12\x14\n\x05value\x18\x02 \x01(\x0cR\x05value\x12\x14\n\x05token\x18\x03 \x01(\x04R\x05token\x12\x1d\n\nlock_index\x18\x04 \x01(\x04R\tlockIndex\x12!\n\x0csession_name\x18\x05 \x01(\tR\x0bsessionName\"\xc1\x01\n\tLockState\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x17.lockbroker.v1.LockKindR\x04kind\x12\x14\n\x05limit\x18\x03 \x01(\rR\x05limit\x12/\n\x07holders\x18\x04 \x03(\x0b\x32\x15.lockbroker.v1.HolderR\x07holders\x12\x14\n\x05index\x18\x05 \x01(\x04R\x05index\x12\x18\n\x07waiting\x18\x06 \x01(\rR\x07waiting*n\n\x0fSessionBehavior\x12 \n\x1cSESSION_BEHAVIOR_UNSPECIFIED\x10\x00\x12\x1c\n\x18SESSION_BEHAVIOR_RELEASE\x10\x01\x12\x1b\n\x17SESSION_BEHAVIOR_DELETE\x10\x02*}\n\x08LockKind\x12\x19\n\x15LOCK_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eLOCK_KIND_NONE\x10\x01\x12\x12\n\x0eLOCK_KIND_LOCK\x10\x02\x12\x17\n\x13LOCK_KIND_SEMAPHORE\x10\x03\x12\x15\n\x11LOCK_KIND_FOREIGN\x10\x04\x42\x41Z?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19lockbroker/v1/types.proto\x12\rlockbroker.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x17lockbroker/v1/key.proto\"\xa6\x02\n\x0eSessionOptions\x12=\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.DurationB\x10\xbaH\r\xaa\x01\n\"\x04\x08\x80\xa3\x05\x32\x02\x08\nR\x03ttl\x12\x46\n\nlock_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0c\xbaH\t\xaa\x01\x06\"\x02\x08<2\x00R\tlockDelay\x12\x44\n\x08\x62\x65havior\x18\x03 \x01(\x0e\x32\x1e.lockbroker.v1.SessionBehaviorB\x08\xbaH\x05\x82\x01\x02\x10\x01R\x08\x62\x65havior\x12)\n\x06\x63hecks\x18\x04 \x03(\tB\x11\xbaH\x0e\x92\x01\x0b\x10\x10\"\x07r\x05\x10\x01\x18\x80\x02R\x06\x63hecks\x12\x1c\n\x04name\x18\x05 \x01(\tB\x08\xbaH\x05r\x03(\x80\x01R\x04name\"\xc8\x01\n\tSequencer\x12\x1c\n\x03key\x18\x01 \x01(\tB\n\xbaH\x07r\x05\xc8\xf2\xb6\x04\x01R\x03key\x12\'\n\nsession_id\x18\x02 \x01(\tB\x08\xbaH\x05r\x03\xb0\x01\x01R\tsessionId\x12\x1d\n\nlock_index\x18\x03 \x01(\x04R\tlockIndex\x12\x14\n\x05token\x18\x04 \x01(\x04R\x05token\x12+\n\x04kind\x18\x05 \x01(\x0e\x32\x17.lockbroker.v1.LockKindR\x04kind\x12\x12\n\x04read\x18\x06 \x01(\x08R\x04read\"\xa9\x01\n\x06Holder\x12\x1d\n\nsession_id\x18\x01 \x01(\tR\tsessionId\x12\x14\n\x05value\x18\x02 \x01(\x0cR\x05value\x12\x14\n\x05token\x18\x03 \x01(\x04R\x05token\x12\x1d\n\nlock_index\x18\x04 \x01(\x04R\tlockIndex\x12!\n\x0csession_name\x18\x05 \x01(\tR\x0bsessionName\x12\x12\n\x04read\x18\x06 \x01(\x08R\x04read\"\xc1\x01\n\tLockState\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x17.lockbroker.v1.LockKindR\x04kind\x12\x14\n\x05limit\x18\x03 \x01(\rR\x05limit\x12/\n\x07holders\x18\x04 \x03(\x0b\x32\x15.lockbroker.v1.HolderR\x07holders\x12\x14\n\x05index\x18\x05 \x01(\x04R\x05index\x12\x18\n\x07waiting\x18\x06 \x01(\rR\x07waiting*n\n\x0fSessionBehavior\x12 \n\x1cSESSION_BEHAVIOR_UNSPECIFIED\x10\x00\x12\x1c\n\x18SESSION_BEHAVIOR_RELEASE\x10\x01\x12\x1b\n\x17SESSION_BEHAVIOR_DELETE\x10\x02*\x93\x01\n\x08LockKind\x12\x19\n\x15LOCK_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eLOCK_KIND_NONE\x10\x01\x12\x12\n\x0eLOCK_KIND_LOCK\x10\x02\x12\x17\n\x13LOCK_KIND_SEMAPHORE\x10\x03\x12\x15\n\x11LOCK_KIND_FOREIGN\x10\x04\x12\x14\n\x10LOCK_KIND_RWLOCK\x10\x05\x42\x41Z?github.com/lockbroker/lockbroker/gen/lockbroker/v1;lockbrokerv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lockbroker.v1.types_pb2', globals())
@@ -38,16 +38,16 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _SEQUENCER.fields_by_name['key']._serialized_options = b'\272H\007r\005\310\362\266\004\001'
   _SEQUENCER.fields_by_name['session_id']._options = None
   _SEQUENCER.fields_by_name['session_id']._serialized_options = b'\272H\005r\003\260\001\001'
-  _SESSIONBEHAVIOR._serialized_start=958
-  _SESSIONBEHAVIOR._serialized_end=1068
-  _LOCKKIND._serialized_start=1070
-  _LOCKKIND._serialized_end=1195
+  _SESSIONBEHAVIOR._serialized_start=998
+  _SESSIONBEHAVIOR._serialized_end=1108
+  _LOCKKIND._serialized_start=1111
+  _LOCKKIND._serialized_end=1258
   _SESSIONOPTIONS._serialized_start=131
   _SESSIONOPTIONS._serialized_end=425
   _SEQUENCER._serialized_start=428
-  _SEQUENCER._serialized_end=608
-  _HOLDER._serialized_start=611
-  _HOLDER._serialized_end=760
-  _LOCKSTATE._serialized_start=763
-  _LOCKSTATE._serialized_end=956
+  _SEQUENCER._serialized_end=628
+  _HOLDER._serialized_start=631
+  _HOLDER._serialized_end=800
+  _LOCKSTATE._serialized_start=803
+  _LOCKSTATE._serialized_end=996
 # @@protoc_insertion_point(module_scope)

@@ -188,6 +188,26 @@ export declare type AcquireRequest = Message<"lockbroker.v1.AcquireRequest"> & {
    * @generated from field: lockbroker.v1.AcquireKind kind = 9;
    */
   kind: AcquireKind;
+
+  /**
+   * More lock keys to take together with `key`, all or nothing (a
+   * multi-key lock): the broker takes every key in one Consul transaction
+   * with one session, or none. Up to 63 (64 keys with `key`), each a
+   * lock key as `key` is, all different from each other and from `key`.
+   * Only for locks: `kind` LOCK or UNSPECIFIED with `limit` 0 or 1
+   * (INVALID_ARGUMENT naming `keys` otherwise). Each key is an ordinary
+   * Consul lock key, so Consul's `api.Lock` excludes correctly on any of
+   * them. The request waits in every key's shared queue at once, with one
+   * place that orders it against every other request on those keys: two
+   * multi-key requests never deadlock, and single-key traffic on one key
+   * cannot starve it. `acquired` carries one sequencer per key; losing any
+   * key ends the hold with `lost` naming it (AcquireLost.key), and releases
+   * the others. Release of any of its keys releases them all. A tenant
+   * must be allowed every key (checked before any Consul call).
+   *
+   * @generated from field: repeated string keys = 10;
+   */
+  keys: string[];
 };
 
 /**
@@ -344,6 +364,15 @@ export declare type AcquireAcquired = Message<"lockbroker.v1.AcquireAcquired"> &
    * @generated from field: bool resumed = 3;
    */
   resumed: boolean;
+
+  /**
+   * A multi-key lock (AcquireRequest.keys): one sequencer per key, in the
+   * request's order (`key` first, the same as `sequencer`). Empty for a
+   * single key.
+   *
+   * @generated from field: repeated lockbroker.v1.Sequencer sequencers = 4;
+   */
+  sequencers: Sequencer[];
 };
 
 /**
@@ -425,6 +454,16 @@ export declare type AcquireLost = Message<"lockbroker.v1.AcquireLost"> & {
    * @generated from field: google.protobuf.Duration guaranteed_for = 3;
    */
   guaranteedFor?: Duration | undefined;
+
+  /**
+   * The key whose loss ended the hold: for a multi-key lock, the key that
+   * was lost first (the broker released the others); otherwise the
+   * request's key. Empty for BROKER_SHUTDOWN, REPLICA_CUT_OFF and
+   * RESUMED_ELSEWHERE, which concern the whole hold.
+   *
+   * @generated from field: string key = 4;
+   */
+  key: string;
 };
 
 /**
@@ -445,6 +484,14 @@ export declare type AcquireReleased = Message<"lockbroker.v1.AcquireReleased"> &
    * @generated from field: lockbroker.v1.Sequencer sequencer = 1;
    */
   sequencer?: Sequencer | undefined;
+
+  /**
+   * A multi-key lock: the sequencers of every key released, in the
+   * request's order.
+   *
+   * @generated from field: repeated lockbroker.v1.Sequencer sequencers = 2;
+   */
+  sequencers: Sequencer[];
 };
 
 /**
@@ -460,7 +507,8 @@ export declare const AcquireReleasedSchema: GenMessage<AcquireReleased>;
  */
 export declare type ReleaseRequest = Message<"lockbroker.v1.ReleaseRequest"> & {
   /**
-   * The lock key or semaphore prefix.
+   * The lock key or semaphore prefix. For a multi-key lock, any of its
+   * keys with that key's token: the whole hold is released.
    *
    * @generated from field: string key = 1;
    */
@@ -771,6 +819,30 @@ export enum AcquireKind {
    * @generated from enum value: ACQUIRE_KIND_SEMAPHORE = 2;
    */
   SEMAPHORE = 2,
+
+  /**
+   * A read (shared) hold of the read-write lock at `key`: many readers
+   * hold it at once, never beside a writer. `limit` must be 0 or 1.
+   * Readers and writers are served in arrival order: a reader that
+   * arrives behind a waiting writer waits for that writer's turn. The
+   * key's Consul layout is the broker's own (docs/consul-layout.md): a
+   * plain lock or semaphore request on it, and Consul's `api.Lock` or
+   * `api.Semaphore`, are refused (FAILED_PRECONDITION naming the kind
+   * found, for broker requests), and a read or write request on a plain
+   * lock or semaphore is refused likewise.
+   *
+   * @generated from enum value: ACQUIRE_KIND_READ = 3;
+   */
+  READ = 3,
+
+  /**
+   * A write (exclusive) hold of the read-write lock at `key`: no other
+   * reader or writer holds it meanwhile. Its fencing token is above every
+   * token granted on the key before it, read or write.
+   *
+   * @generated from enum value: ACQUIRE_KIND_WRITE = 4;
+   */
+  WRITE = 4,
 }
 
 /**

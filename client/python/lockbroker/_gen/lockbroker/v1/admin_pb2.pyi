@@ -35,9 +35,10 @@ class ForceReleaseResponse(_message.Message):
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
 class HoldInfo(_message.Message):
-    __slots__ = ["key", "position", "replica", "session_id", "session_name", "since", "tenant", "token", "waiting"]
+    __slots__ = ["key", "position", "read", "replica", "session_id", "session_name", "since", "tenant", "token", "waiting", "with_keys"]
     KEY_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -45,8 +46,10 @@ class HoldInfo(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
+    WITH_KEYS_FIELD_NUMBER: _ClassVar[int]
     key: str
     position: int
+    read: bool
     replica: str
     session_id: str
     session_name: str
@@ -54,7 +57,8 @@ class HoldInfo(_message.Message):
     tenant: str
     token: int
     waiting: bool
-    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., session_id: _Optional[str] = ..., session_name: _Optional[str] = ..., token: _Optional[int] = ..., since: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., replica: _Optional[str] = ..., waiting: bool = ..., position: _Optional[int] = ...) -> None: ...
+    with_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tenant: _Optional[str] = ..., key: _Optional[str] = ..., session_id: _Optional[str] = ..., session_name: _Optional[str] = ..., token: _Optional[int] = ..., since: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., replica: _Optional[str] = ..., waiting: bool = ..., position: _Optional[int] = ..., read: bool = ..., with_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListHoldsRequest(_message.Message):
     __slots__ = ["key_prefix"]

@@ -3,14 +3,17 @@ from lockbroker._gen.buf.validate import validate_pb2 as _validate_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from lockbroker._gen.lockbroker.v1 import key_pb2 as _key_pb2
 from lockbroker._gen.lockbroker.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Mapping as _Mapping, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 ACQUIRE_KIND_LOCK: AcquireKind
+ACQUIRE_KIND_READ: AcquireKind
 ACQUIRE_KIND_SEMAPHORE: AcquireKind
 ACQUIRE_KIND_UNSPECIFIED: AcquireKind
+ACQUIRE_KIND_WRITE: AcquireKind
 DESCRIPTOR: _descriptor.FileDescriptor
 LOST_REASON_BROKER_SHUTDOWN: LostReason
 LOST_REASON_DELETED_BY_OTHER: LostReason
@@ -23,14 +26,16 @@ LOST_REASON_SESSION_INVALIDATED: LostReason
 LOST_REASON_UNSPECIFIED: LostReason
 
 class AcquireAcquired(_message.Message):
-    __slots__ = ["guaranteed_for", "resumed", "sequencer"]
+    __slots__ = ["guaranteed_for", "resumed", "sequencer", "sequencers"]
     GUARANTEED_FOR_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCERS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCER_FIELD_NUMBER: _ClassVar[int]
     guaranteed_for: _duration_pb2.Duration
     resumed: bool
     sequencer: _types_pb2.Sequencer
-    def __init__(self, sequencer: _Optional[_Union[_types_pb2.Sequencer, _Mapping]] = ..., guaranteed_for: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., resumed: bool = ...) -> None: ...
+    sequencers: _containers.RepeatedCompositeFieldContainer[_types_pb2.Sequencer]
+    def __init__(self, sequencer: _Optional[_Union[_types_pb2.Sequencer, _Mapping]] = ..., guaranteed_for: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., resumed: bool = ..., sequencers: _Optional[_Iterable[_Union[_types_pb2.Sequencer, _Mapping]]] = ...) -> None: ...
 
 class AcquireKeepalive(_message.Message):
     __slots__ = ["guaranteed_for"]
@@ -39,14 +44,16 @@ class AcquireKeepalive(_message.Message):
     def __init__(self, guaranteed_for: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class AcquireLost(_message.Message):
-    __slots__ = ["detail", "guaranteed_for", "reason"]
+    __slots__ = ["detail", "guaranteed_for", "key", "reason"]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     GUARANTEED_FOR_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     detail: str
     guaranteed_for: _duration_pb2.Duration
+    key: str
     reason: LostReason
-    def __init__(self, reason: _Optional[_Union[LostReason, str]] = ..., detail: _Optional[str] = ..., guaranteed_for: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, reason: _Optional[_Union[LostReason, str]] = ..., detail: _Optional[str] = ..., guaranteed_for: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., key: _Optional[str] = ...) -> None: ...
 
 class AcquireQueued(_message.Message):
     __slots__ = ["heartbeat", "lock_delay_remaining", "position", "session_id", "state"]
@@ -63,14 +70,17 @@ class AcquireQueued(_message.Message):
     def __init__(self, state: _Optional[_Union[_types_pb2.LockState, _Mapping]] = ..., lock_delay_remaining: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., session_id: _Optional[str] = ..., heartbeat: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., position: _Optional[int] = ...) -> None: ...
 
 class AcquireReleased(_message.Message):
-    __slots__ = ["sequencer"]
+    __slots__ = ["sequencer", "sequencers"]
+    SEQUENCERS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCER_FIELD_NUMBER: _ClassVar[int]
     sequencer: _types_pb2.Sequencer
-    def __init__(self, sequencer: _Optional[_Union[_types_pb2.Sequencer, _Mapping]] = ...) -> None: ...
+    sequencers: _containers.RepeatedCompositeFieldContainer[_types_pb2.Sequencer]
+    def __init__(self, sequencer: _Optional[_Union[_types_pb2.Sequencer, _Mapping]] = ..., sequencers: _Optional[_Iterable[_Union[_types_pb2.Sequencer, _Mapping]]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ["fair", "key", "kind", "limit", "new_session", "resume", "session_id", "value", "wait_timeout"]
+    __slots__ = ["fair", "key", "keys", "kind", "limit", "new_session", "resume", "session_id", "value", "wait_timeout"]
     FAIR_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +91,7 @@ class AcquireRequest(_message.Message):
     WAIT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     fair: bool
     key: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
     kind: AcquireKind
     limit: int
     new_session: _types_pb2.SessionOptions
@@ -88,7 +99,7 @@ class AcquireRequest(_message.Message):
     session_id: str
     value: bytes
     wait_timeout: _duration_pb2.Duration
-    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., limit: _Optional[int] = ..., wait_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., new_session: _Optional[_Union[_types_pb2.SessionOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., resume: _Optional[_Union[_types_pb2.Sequencer, _Mapping]] = ..., fair: bool = ..., kind: _Optional[_Union[AcquireKind, str]] = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., limit: _Optional[int] = ..., wait_timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., new_session: _Optional[_Union[_types_pb2.SessionOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., resume: _Optional[_Union[_types_pb2.Sequencer, _Mapping]] = ..., fair: bool = ..., kind: _Optional[_Union[AcquireKind, str]] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ["acquired", "keepalive", "lost", "queued", "released"]

@@ -12,6 +12,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 LOCK_KIND_FOREIGN: LockKind
 LOCK_KIND_LOCK: LockKind
 LOCK_KIND_NONE: LockKind
+LOCK_KIND_RWLOCK: LockKind
 LOCK_KIND_SEMAPHORE: LockKind
 LOCK_KIND_UNSPECIFIED: LockKind
 SESSION_BEHAVIOR_DELETE: SessionBehavior
@@ -19,18 +20,20 @@ SESSION_BEHAVIOR_RELEASE: SessionBehavior
 SESSION_BEHAVIOR_UNSPECIFIED: SessionBehavior
 
 class Holder(_message.Message):
-    __slots__ = ["lock_index", "session_id", "session_name", "token", "value"]
+    __slots__ = ["lock_index", "read", "session_id", "session_name", "token", "value"]
     LOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_NAME_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     lock_index: int
+    read: bool
     session_id: str
     session_name: str
     token: int
     value: bytes
-    def __init__(self, session_id: _Optional[str] = ..., value: _Optional[bytes] = ..., token: _Optional[int] = ..., lock_index: _Optional[int] = ..., session_name: _Optional[str] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., value: _Optional[bytes] = ..., token: _Optional[int] = ..., lock_index: _Optional[int] = ..., session_name: _Optional[str] = ..., read: bool = ...) -> None: ...
 
 class LockState(_message.Message):
     __slots__ = ["holders", "index", "key", "kind", "limit", "waiting"]
@@ -49,18 +52,20 @@ class LockState(_message.Message):
     def __init__(self, key: _Optional[str] = ..., kind: _Optional[_Union[LockKind, str]] = ..., limit: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[Holder, _Mapping]]] = ..., index: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class Sequencer(_message.Message):
-    __slots__ = ["key", "kind", "lock_index", "session_id", "token"]
+    __slots__ = ["key", "kind", "lock_index", "read", "session_id", "token"]
     KEY_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     LOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     key: str
     kind: LockKind
     lock_index: int
+    read: bool
     session_id: str
     token: int
-    def __init__(self, key: _Optional[str] = ..., session_id: _Optional[str] = ..., lock_index: _Optional[int] = ..., token: _Optional[int] = ..., kind: _Optional[_Union[LockKind, str]] = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ..., session_id: _Optional[str] = ..., lock_index: _Optional[int] = ..., token: _Optional[int] = ..., kind: _Optional[_Union[LockKind, str]] = ..., read: bool = ...) -> None: ...
 
 class SessionOptions(_message.Message):
     __slots__ = ["behavior", "checks", "lock_delay", "name", "ttl"]
