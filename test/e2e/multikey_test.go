@@ -435,3 +435,61 @@ func TestMultiKeyInvalid(t *testing.T) {
 		assert.False(t, strings.HasPrefix(kv.Key, "a") || strings.HasPrefix(kv.Key, "b") || strings.HasPrefix(kv.Key, "multi/"), "written: %s", kv.Key)
 	}
 }
+
+// ListHolds lists every key of a multi-key hold with the others in
+// with_keys, and a waiter (on the replica asked) on each of its keys;
+// GetLock and CheckSequencer work per key as for any lock.
+func TestMultiKeyListHoldsAndPerKeyCalls(t *testing.T) {
+	agent := consultest.Start(t)
+	var cs []lockbrokerv1.LockServiceClient
+	var admins []lockbrokerv1.AdminServiceClient
+	for range 2 {
+		p := brokertest.StartProcess(t, agent)
+		conn := lkDial(t, p.Addr)
+		cs = append(cs, lockbrokerv1.NewLockServiceClient(conn))
+		admins = append(admins, lockbrokerv1.NewAdminServiceClient(conn))
+	}
+	keys := mkKeys("multi/list", 3)
+	m := acquire(t, cs[0], multiReq(keys, "v"))
+	a := m.acquired(10 * time.Second)
+	session := a.GetSequencer().GetSessionId()
+	w := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: keys[2], Keys: []string{"multi/list/k09"}, Session: fast()})
+	wsession := w.next(10*time.Second, isQueued).GetQueued().GetSessionId()
+
+	for i, admin := range admins {
+		resp, err := admin.ListHolds(lkCtx(t), &lockbrokerv1.ListHoldsRequest{KeyPrefix: "multi/list/"})
+		require.NoError(t, err)
+		held := map[string][]string{}
+		waiting := map[string][]string{}
+		for _, h := range resp.GetHolds() {
+			switch {
+			case h.GetSessionId() == session && !h.GetWaiting():
+				held[h.GetKey()] = h.GetWithKeys()
+				assert.Equal(t, a.GetSequencers()[slices.Index(keys, h.GetKey())].GetToken(), h.GetToken())
+			case h.GetSessionId() == wsession && h.GetWaiting():
+				waiting[h.GetKey()] = h.GetWithKeys()
+			}
+		}
+		require.Len(t, held, 3, "replica %d lists every key of the hold", i)
+		for _, k := range keys {
+			assert.ElementsMatch(t, slices.DeleteFunc(slices.Clone(keys), func(o string) bool { return o == k }), held[k], "with_keys of %s", k)
+		}
+		require.Contains(t, waiting, keys[2], "replica %d lists the waiter in the queue of %s", i, keys[2])
+		if i == 1 { // the waiter's own replica knows all its keys
+			assert.Equal(t, []string{"multi/list/k09"}, waiting[keys[2]])
+			assert.Equal(t, []string{keys[2]}, waiting["multi/list/k09"])
+		}
+	}
+	for i, s := range a.GetSequencers() {
+		st := lkGetLock(t, cs[1], keys[i])
+		assert.Equal(t, session, lkHolder(t, st).GetSessionId())
+		cur, err := cs[1].CheckSequencer(lkCtx(t), &lockbrokerv1.CheckSequencerRequest{Sequencer: s})
+		require.NoError(t, err)
+		assert.True(t, cur.GetCurrent(), "sequencer of %s", s.GetKey())
+	}
+	// The waiter holds nothing, and gets both keys once the hold ends.
+	require.Empty(t, lockedBy(t, agent.Client(), []string{keys[2], "multi/list/k09"}, wsession))
+	m.cancel()
+	wa := w.acquired(10 * time.Second)
+	require.Len(t, wa.GetSequencers(), 2)
+}
