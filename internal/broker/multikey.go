@@ -64,6 +64,11 @@ type multiHold struct {
 	lostKey string      // the key whose loss ended the hold
 }
 
+// maxMultiValue bounds the values one multi-key grant writes, every key's
+// together (the value limit of a single-key grant): the transaction must
+// fit Consul's default txn_max_req_len (512 KiB, values in base64).
+const maxMultiValue = 262144
+
 // acquireMulti runs a multi-key hold, as Acquire runs one of one key.
 func (b *Broker) acquireMulti(ctx context.Context, spec *AcquireSpec, send func(Event) error) error {
 	m, err := b.beginMulti(ctx, spec, send)
@@ -83,6 +88,8 @@ func checkMulti(spec *AcquireSpec) error {
 		return invalid("keys", "a multi-key lock takes locks only (no semaphore, read or write kind)")
 	case len(keys) > MaxTxnOps/2:
 		return invalid("keys", "at most %d keys with `key`, got %d", MaxTxnOps/2-1, len(spec.Keys))
+	case len(spec.Value)*len(keys) > maxMultiValue:
+		return invalid("value", "with %d keys at most %d bytes (every key gets the value, in one transaction), got %d", len(keys), maxMultiValue/len(keys), len(spec.Value))
 	case spec.SessionID != "":
 		return invalid("keys", "a multi-key lock needs a session of the broker's own: session_id cannot have keys")
 	}

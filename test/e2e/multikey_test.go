@@ -25,16 +25,18 @@ import (
 // nothing in one Consul transaction, against a real Consul agent and
 // broker processes.
 
-// twoReplicas starts two broker processes on one agent.
+// twoReplicas starts two broker replicas on one agent: the first in this
+// process (so that -race watches the broker's own goroutines), the
+// second a broker process.
 func twoReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClient) {
 	t.Helper()
 	agent := consultest.Start(t)
-	var cs []lockbrokerv1.LockServiceClient
-	for range 2 {
-		p := brokertest.StartProcess(t, agent)
-		cs = append(cs, lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr)))
+	r := brokertest.Start(t, agent)
+	p := brokertest.StartProcess(t, agent)
+	return agent, []lockbrokerv1.LockServiceClient{
+		lockbrokerv1.NewLockServiceClient(lkDial(t, r.Addr)),
+		lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr)),
 	}
-	return agent, cs
 }
 
 // mkKeys is n keys under prefix.
@@ -411,6 +413,7 @@ func TestMultiKeyInvalid(t *testing.T) {
 		{"key repeated in keys", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "b"}}, "keys"},
 		{"keys repeats key", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "a"}}, "keys"},
 		{"64 in keys", &lockbrokerv1.AcquireRequest{Key: many[0], Keys: many[1:]}, "keys"},
+		{"values too large together", &lockbrokerv1.AcquireRequest{Key: many[0], Keys: many[1:63], Value: make([]byte, 8192)}, "value"},
 		{"bad key syntax", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "/c"}}, "keys"},
 		{"client session", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b"}, Session: &lockbrokerv1.AcquireRequest_SessionId{SessionId: "8c2a94e1-7a8f-4d3c-9a43-3f3d4a7a1b2c"}}, "keys"},
 	} {
