@@ -150,9 +150,18 @@ func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Ev
 	}
 	if err != nil {
 		h.life.End(Outcome{Kind: OutcomeFailed})
-		if !resumed {
-			m.abandon(seqs != nil)
+		if resumed {
+			return nil, err // not ours: the replica that granted it keeps it
 		}
+		if r, _ := ReasonOf(err); r == ReasonConsulUnavailable || r == ReasonReplicaCutOff || r == ReasonBrokerShuttingDown {
+			// Consul may not answer here: the client learns it now and
+			// may go to another replica (where the wait starts anew); the
+			// clean-up follows, bounded by cleanupContext.
+			b.holds.Add(1)
+			go func() { defer b.holds.Done(); m.abandon(seqs != nil) }()
+			return nil, err
+		}
+		m.abandon(seqs != nil)
 		return nil, err
 	}
 	b.registerMulti(m)
