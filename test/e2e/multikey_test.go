@@ -294,8 +294,9 @@ func TestMultiKeyResumeOnOtherReplica(t *testing.T) {
 }
 
 // Multi-key requests on overlapping keys, in opposite orders, from
-// several clients over two replicas: all are granted (no deadlock), and
-// no two holders ever overlap.
+// several clients over two replicas: all are granted (no deadlock), no
+// two holders ever overlap, and Consul, polled throughout (one consistent
+// listing at a time), never shows a session holding part of its keys.
 func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 	agent, cs := twoReplicas(t)
 	cc := agent.Client()
@@ -316,6 +317,35 @@ func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	polled, partial := 0, 0
+	pollStop := make(chan struct{})
+	var poller sync.WaitGroup
+	poller.Go(func() {
+		for {
+			select {
+			case <-pollStop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			kvs, _, err := cc.KV().List("multi/dl/", &api.QueryOptions{RequireConsistent: true})
+			if err != nil {
+				continue
+			}
+			bySession := map[string][]string{}
+			for _, kv := range kvs {
+				if kv.Session != "" && !strings.Contains(kv.Key, "/.queue") {
+					bySession[kv.Session] = append(bySession[kv.Session], kv.Key)
+				}
+			}
+			polled++
+			for s, held := range bySession {
+				if !slices.ContainsFunc(sets, func(set []string) bool { return len(set) == len(held) && !slices.ContainsFunc(set, func(k string) bool { return !slices.Contains(held, k) }) }) {
+					partial++
+					t.Errorf("session %s holds %v: not one request's whole set", s, held)
+				}
+			}
+		}
+	})
 	var wg sync.WaitGroup
 	for i, set := range sets {
 		c := cs[i%2]
@@ -363,6 +393,9 @@ func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	close(pollStop)
+	poller.Wait()
+	t.Logf("%d grants; %d consistent listings of Consul, %d with a partial hold", grants, polled, partial)
 	require.NoError(t, ctx.Err(), "every request was granted within the bound")
 	assert.Equal(t, len(sets)*rounds, grants)
 	require.Eventually(t, func() bool { return len(freeKeys(t, cc, all)) == len(all) }, 5*time.Second, 50*time.Millisecond)
