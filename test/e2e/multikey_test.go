@@ -339,7 +339,9 @@ func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 			}
 			polled++
 			for s, held := range bySession {
-				if !slices.ContainsFunc(sets, func(set []string) bool { return len(set) == len(held) && !slices.ContainsFunc(set, func(k string) bool { return !slices.Contains(held, k) }) }) {
+				if !slices.ContainsFunc(sets, func(set []string) bool {
+					return len(set) == len(held) && !slices.ContainsFunc(set, func(k string) bool { return !slices.Contains(held, k) })
+				}) {
 					partial++
 					t.Errorf("session %s holds %v: not one request's whole set", s, held)
 				}
