@@ -338,6 +338,7 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 		if err := m.states(ctx, sts, fresh); err != nil {
 			return nil, err
 		}
+		wasFresh := fresh
 		fresh = false
 		for _, st := range sts {
 			if err := lockConflict(st); err != nil {
@@ -374,6 +375,13 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 		}
 		if blocked == nil {
 			blocked = sts[0]
+		}
+		if delay == nil && m.tickets[0] == 0 && !wasFresh {
+			// Busy as the watch tells it, which may lag (this replica's
+			// own release a moment ago, say): read before giving up or
+			// queueing.
+			fresh = true
+			continue
 		}
 		if h.tryOnce() {
 			h.b.fillTokens(ctx, blocked)
