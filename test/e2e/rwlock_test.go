@@ -365,13 +365,13 @@ func TestRWKindConflicts(t *testing.T) {
 		s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
 		err := s.end(10 * time.Second)
 		requireReason(t, err, codes.FailedPrecondition, "LIMIT_CONFLICT")
-		assert.Contains(t, status.Convert(err).Message(), "read-write lock")
+		assert.Contains(t, status.Convert(err).Message(), "read-write lock (kind RWLOCK)")
 	})
 	t.Run("broker semaphore on a read-write lock", func(t *testing.T) {
 		s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Limit: 3, Session: fast()})
 		err := s.end(10 * time.Second)
 		requireReason(t, err, codes.FailedPrecondition, "LIMIT_CONFLICT")
-		assert.Contains(t, status.Convert(err).Message(), "read-write lock")
+		assert.Contains(t, status.Convert(err).Message(), "read-write lock (kind RWLOCK)")
 	})
 
 	// Nothing the refused requests did is left, but for api.Semaphore's
@@ -403,7 +403,7 @@ func TestRWKindConflicts(t *testing.T) {
 	for _, tt := range []struct {
 		key, kind string
 		read      bool
-	}{{"rw/plain", "lock", true}, {"rw/plain", "lock", false}, {"rw/sem", "semaphore", true}, {"rw/sem", "semaphore", false}} {
+	}{{"rw/plain", "kind LOCK", true}, {"rw/plain", "kind LOCK", false}, {"rw/sem", "kind SEMAPHORE", true}, {"rw/sem", "kind SEMAPHORE", false}} {
 		s := acquire(t, c, rwReq(tt.key, tt.read, "x"))
 		err := s.end(10 * time.Second)
 		requireReason(t, err, codes.FailedPrecondition, "LIMIT_CONFLICT")
