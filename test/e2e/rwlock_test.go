@@ -472,6 +472,17 @@ func TestRWTryAcquireClientSessions(t *testing.T) {
 	kv, _, err := agent.Client().KV().Get(key+"/"+w, &api.QueryOptions{RequireConsistent: true})
 	require.NoError(t, err)
 	assert.Nil(t, kv, "a refused try writes no entry")
+	// A reader changes its value; its grant stays the same.
+	sv, err := c.SetValue(lkCtx(t), &lockbrokerv1.SetValueRequest{Key: key, SessionId: a, Value: []byte("a2"), Token: sa.GetToken()})
+	require.NoError(t, err)
+	assert.Equal(t, sa.GetToken(), sv.GetSequencer().GetToken())
+	assert.True(t, sv.GetSequencer().GetRead())
+	for _, h := range lkGetLock(t, c, key).GetHolders() {
+		if h.GetSessionId() == a {
+			assert.Equal(t, "a2", string(h.GetValue()))
+			assert.Equal(t, sa.GetToken(), h.GetToken())
+		}
+	}
 	// Asking again with the same session: the same grant.
 	again, err := try(a, read)
 	require.NoError(t, err)
