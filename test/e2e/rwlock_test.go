@@ -287,8 +287,10 @@ func TestRWLoss(t *testing.T) {
 	resp, err := admin.ForceRelease(lkCtx(t), &lockbrokerv1.ForceReleaseRequest{Key: key})
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, resp.GetReleased())
-	lostWithin(a, time.Second)
-	lostWithin(b, time.Second)
+	for _, s := range []*stream{a, b} {
+		lost := lostWithin(s, time.Second)
+		assert.Equal(t, lockbrokerv1.LostReason_LOST_REASON_RELEASED_BY_OTHER, lost.GetReason(), "%v", lost)
+	}
 	// A writer gets the key next, above every earlier token.
 	_, ws := rwHold(t, c, key, false, "w2")
 	assert.Greater(t, ws.GetToken(), wseq.GetToken())
