@@ -221,9 +221,11 @@ def test_aio_s8_read_write_lock(cluster, broker, key):
                     with pytest.raises(lockbroker.Conflict) as on_rw:
                         await c2.try_lock(key)
                     assert on_rw.value.reason == "LIMIT_CONFLICT" and on_rw.value.state.kind == "rwlock"
+                    assert "RWLOCK" in on_rw.value.message
                     with pytest.raises(lockbroker.Conflict) as on_lock:
                         await c1.try_write_lock(plain)
                     assert on_lock.value.reason == "LIMIT_CONFLICT" and on_lock.value.state.kind == "lock"
+                    assert "kind LOCK" in on_lock.value.message
                     assert (await kv_snapshot(cluster, key), await kv_snapshot(cluster, plain)) == before
     run(main())
 
