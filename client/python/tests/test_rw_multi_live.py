@@ -179,3 +179,30 @@ def test_lock_all_lease_moves_to_another_replica(cluster, broker, key, use_aio):
     finally:
         a.stop()
         b.stop()
+
+
+def test_lock_all_wait_moves_to_another_replica(cluster, broker, key):
+    """A lock_all waiting on A behind a holder goes on waiting at B when A
+    is SIGKILLed (anew: the broker does not resume a multi-key wait), and
+    gets every key once the holder lets go; meanwhile it holds none."""
+    a, b = cluster.broker("multi-wait-a"), cluster.broker("multi-wait-b")
+    keys = [f"{key}/{n}" for n in "xy"]
+    try:
+        with lockbroker.Client(broker.addr) as hc, lockbroker.Client(a.addr, targets=[b.addr]) as wc:
+            holder = hc.lock(keys[0], **LEASE)
+            places = queue.Queue()
+            waiting = Pending(wc.lock_all, keys, on_queued=places.put, **LEASE)
+            place(places, 1, 1)
+            a.signal(signal.SIGKILL)
+            time.sleep(1.0)
+            assert waiting.result(0) is None and not hc.get_lock(keys[1]).holders
+            holder.release()
+            lease = waiting.result(15)
+            assert lease is not None, "the moved lock_all was not granted"
+            assert lease.target == b.addr and lease.keys == tuple(keys)
+            for k, t in zip(keys, lease.tokens):
+                assert [(h.session_id, h.token) for h in hc.get_lock(k).holders] == [(lease.session_id, t)], k
+            lease.release()
+    finally:
+        a.stop()
+        b.stop()
