@@ -14,7 +14,8 @@
 // prints JSON lines: {"event":"acquired","token":T,"mode":M,...} (M is
 // "read", "write", "lock" or "semaphore"; a multi-key hold adds
 // "keys":[...] and "tokens":[...], one per key in order), then
-// {"event":"released"} or {"event":"lost","reason":...} (with "key" when
+// {"event":"released","release_t":...} (release_t: when the release was
+// asked for) or {"event":"lost","reason":...} (with "key" when
 // the broker named the key lost); failures print {"event":"error",...} and
 // exit 1. `watch` prints {"event":"state",...} per state.
 
@@ -91,8 +92,13 @@ async function hold(client, args) {
     emit({ event: "lost", reason: lease.error.reason, detail: lease.error.detail, ...(lease.lostKey ? { key: lease.lostKey } : {}) });
     return 2;
   }
+  // release_t: when the release was asked for. The hold ends between it
+  // and this line's t, so [acquired t, release_t] lies inside the hold
+  // (S10's overlap check), while the next holder may print `acquired`
+  // before this line.
+  const releaseT = Date.now() / 1000;
   await lease.release();
-  emit({ event: "released", token: big(lease.token), mode: lease.mode });
+  emit({ event: "released", token: big(lease.token), mode: lease.mode, release_t: releaseT });
   return 0;
 }
 
