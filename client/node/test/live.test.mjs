@@ -821,3 +821,32 @@ test("a waiting multi-key lock whose replica is SIGKILLed is granted every key o
       await b.stop();
     }
   }));
+
+test("client-owned sessions: tryAcquire with mode read shares, mode write excludes, a plain tryAcquire is a kind conflict", () =>
+  using(async (make) => {
+    const c = make();
+    const k = key("cron-rw");
+    const [s1, s2, s3] = await Promise.all([1, 2, 3].map(() => c.createSession({ ttl: 10, lockDelay: 0 })));
+    try {
+      const r1 = await c.tryAcquire(k, s1.id, { mode: "read", value: "r1" });
+      const r2 = await c.tryAcquire(k, s2.id, { mode: "read", value: "r2" });
+      assert.ok(r1 && r2, "two readers did not share");
+      assert.equal(r1.kind, "rwlock");
+      assert.equal(r1.read, true);
+      assert.ok(r2.token > r1.token);
+      assert.equal(await c.tryAcquire(k, s3.id, { mode: "write" }), null);
+      await assert.rejects(c.tryAcquire(k, s3.id), (e) => e instanceof ConflictError && e.reason === "LIMIT_CONFLICT" && e.state?.kind === "rwlock");
+      await assert.rejects(c.tryAcquire(k, s3.id, { mode: "both" }), /mode must be/);
+      assert.equal(await c.release(k, s1.id, r1.token), true);
+      assert.equal(await c.release(k, s2.id, r2.token), true);
+      const w = await c.tryAcquire(k, s3.id, { mode: "write" });
+      assert.ok(w, "a free read-write lock refused a writer");
+      assert.equal(w.read, false);
+      assert.ok(w.token > r2.token);
+      const st = await c.getLock(k);
+      assert.deepEqual(st.holders.map((h) => [h.sessionId, h.read]), [[s3.id, false]]);
+      assert.equal(await c.release(k, s3.id, w.token), true);
+    } finally {
+      await Promise.all([s1, s2, s3].map((s) => c.destroySession(s.id)));
+    }
+  }));
