@@ -591,7 +591,7 @@ scenario("S8", "read-write lock: shared readers, arrival order, tokens", () =>
         assert.equal(err.codeName, "FailedPrecondition");
         // The kind found: RWLOCK in the LockState detail, in words in the message.
         assert.equal(err.state?.kind, "rwlock", "the LockState detail names the kind found");
-        assert.match(err.message, /is a read-write lock/, "the message names the kind found");
+        assert.match(err.message, /RWLOCK/, "the message names the kind found");
         console.log(`S8 lock on a read-write lock: ${err.name}: ${err.message}`);
         return true;
       });
@@ -605,7 +605,7 @@ scenario("S8", "read-write lock: shared readers, arrival order, tokens", () =>
         assert.equal(err.reason, "LIMIT_CONFLICT");
         assert.equal(err.state?.kind, "lock", "the LockState detail names the kind found");
         assert.deepEqual(err.holders.map((h) => h.sessionId), [plain.sessionId]);
-        assert.match(err.message, /is a lock/, "the message names the kind found");
+        assert.match(err.message, /\bLOCK\b/, "the message names the kind found");
         console.log(`S8 read lock on a lock: ${err.name}: ${err.message}`);
         return true;
       });
@@ -707,8 +707,10 @@ scenario("S10", "read-write lock across processes (Node CLI: hold --mode, --also
     const start = performance.now();
     const done = [];
     const live = new Set();
+    // Each slot runs one CLI after another for about runFor, and at least
+    // twice (a loaded machine starts a process slowly).
     const slot = async (mode, seconds) => {
-      while (performance.now() - start < runFor) {
+      for (let n = 0; n < 2 || performance.now() - start < runFor; n++) {
         const cli = cliHold(shared.addr, k, ["--mode", mode, "--seconds", String(seconds)]);
         live.add(cli);
         try {
@@ -738,14 +740,15 @@ scenario("S10", "read-write lock across processes (Node CLI: hold --mode, --also
     const writers = holds.filter((h) => h.mode === "write").sort((x, y) => x.from - y.from);
     const readers = holds.filter((h) => h.mode === "read");
     figure("S10 holds (readers, writers)", `${readers.length}, ${writers.length}`, "");
-    assert.ok(writers.length >= 2 && readers.length >= 4, `too few holds: ${readers.length} readers, ${writers.length} writers`);
+    assert.ok(writers.length >= 4 && readers.length >= 6, `too few holds: ${readers.length} readers, ${writers.length} writers`);
     const overlap = (x, y) => x !== y && x.from < y.to && y.from < x.to;
+    const timeline = () => JSON.stringify(holds.map((h) => [h.mode, h.from.toFixed(3), h.to.toFixed(3), h.token]).sort((x, y) => x[1] - y[1]));
     for (const w of writers) {
       const beside = holds.find((h) => overlap(w, h));
-      assert.equal(beside, undefined, `a writer ${JSON.stringify(w)} overlapped ${JSON.stringify(beside)}`);
+      assert.equal(beside, undefined, `a writer ${JSON.stringify(w)} overlapped ${JSON.stringify(beside)}: ${timeline()}`);
     }
-    assert.ok(readers.some((r) => readers.some((q) => overlap(r, q))), "no two readers ever held at once");
-    for (let j = 1; j < writers.length; j++) assert.ok(writers[j].token > writers[j - 1].token, "writers' tokens did not increase");
+    assert.ok(readers.some((r) => readers.some((q) => overlap(r, q))), `no two readers ever held at once: ${timeline()}`);
+    for (let j = 1; j < writers.length; j++) assert.ok(writers[j].token > writers[j - 1].token, `writers' tokens did not increase: ${timeline()}`);
 
     // A multi-key hold: --also, `tokens` one per key.
     const [ka, kb, kc] = ["a", "b", "c"].map((x) => `${k}-m${x}`);
