@@ -586,7 +586,7 @@ test("readLock/writeLock signal: an aborted waiting writer leaves the queue, and
   using(async (make) => {
     const c = make();
     const k = key("rw-abort");
-    const r1 = await c.readLock(k);
+    const r1 = await c.readLock(k, { wait: 10 });
     const ac = new AbortController();
     let queued = false;
     const writer = c.writeLock(k, { signal: ac.signal, onQueued: () => (queued = true) });
@@ -611,7 +611,7 @@ test("lockAll signal: an aborted multi-key wait holds no key, and the free key i
     const c = make();
     const base = key("multi-abort");
     const [ka, kb] = [`${base}-a`, `${base}-b`];
-    const holder = await c.lock(kb);
+    const holder = await c.lock(kb, { wait: 10 });
     const ac = new AbortController();
     let queued = false;
     const waiting = c.lockAll([ka, kb], { signal: ac.signal, onQueued: () => (queued = true) });
@@ -652,8 +652,8 @@ test("rolling restart: a read hold and a multi-key hold move to the next replica
     try {
       const c = make(a.addr, { targets: [b.addr] });
       const base = key("rw-term");
-      const reader = await c.readLock(`${base}-rw`, { ttl: 10 });
-      const multi = await c.lockAll([`${base}-a`, `${base}-b`], { ttl: 10 });
+      const reader = await c.readLock(`${base}-rw`, { ttl: 10, wait: 10 });
+      const multi = await c.lockAll([`${base}-a`, `${base}-b`], { ttl: 10, wait: 10 });
       const tokens = multi.tokens;
       a.signal("SIGTERM");
       await waitFor(() => reader.target === b.addr && multi.target === b.addr, 8000, "both resumed on B");
