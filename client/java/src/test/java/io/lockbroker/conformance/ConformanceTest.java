@@ -681,42 +681,59 @@ class ConformanceTest {
    * S10 is the Go runner's (every language's CLI at once); here the Java
    * CLI alone, in separate processes: readers share, no writer overlaps
    * anyone, writers' tokens increase, and a multi-key hold prints one token
-   * per key.
+   * per key. A holder's belief interval runs, as in the Go runner, from its
+   * {@code acquired} line's {@code t} to when the test asked it to release
+   * (closed its stdin): never wider than the truth.
    */
   @Test
   void s10_readWriteAcrossProcesses() throws Exception {
     String key = Cluster.key("s10");
     String addr = Cluster.get().broker().addr();
-    List<Cli> readers = new ArrayList<>();
     List<Cli> writers = new ArrayList<>();
     List<Cli> all = new ArrayList<>();
+    Map<Cli, Double> asked = new java.util.HashMap<>();
     try (LockClient c = shared()) {
       for (int i = 0; i < 2; i++) {
-        readers.add(Cli.start(Cli.javaHold(addr, key, "--mode", "read", "--seconds", "5", "--wait", "60"), repo()));
+        all.add(Cli.start(Cli.javaHold(addr, key, "--mode", "read", "--seconds", "60", "--wait", "60"), repo()));
       }
-      all.addAll(readers);
-      for (Cli r : readers) {
+      for (Cli r : all) {
         r.await("acquired", Duration.ofSeconds(60));
       }
       for (int i = 0; i < 2; i++) {
-        writers.add(Cli.start(Cli.javaHold(addr, key, "--mode", "write", "--seconds", "1", "--wait", "60"), repo()));
+        writers.add(Cli.start(Cli.javaHold(addr, key, "--mode", "write", "--seconds", "60", "--wait", "60"), repo()));
       }
-      Cli late = Cli.start(Cli.javaHold(addr, key, "--mode", "read", "--seconds", "1", "--wait", "60"), repo());
-      readers.add(late);
       all.addAll(writers);
-      all.add(late);
-      for (Cli x : all) {
-        assertEquals(0, x.waitExit(Duration.ofSeconds(60)), x.toString());
+      all.add(Cli.start(Cli.javaHold(addr, key, "--mode", "read", "--seconds", "60", "--wait", "60"), repo()));
+      Thread.sleep(2000); // the writers and the third reader arrive and wait
+      // Each holder is asked to release 0.5 s after its acquired line was
+      // seen (the first two readers now), until every CLI has exited.
+      Map<Cli, Long> seen = new java.util.HashMap<>();
+      long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+      while (!all.stream().allMatch(x -> x.has("exit"))) {
+        if (System.nanoTime() > end) {
+          fail("the holders did not all finish within 60 s: " + all);
+        }
+        for (Cli x : all) {
+          if (!x.has("acquired") || asked.containsKey(x)) {
+            continue;
+          }
+          seen.putIfAbsent(x, System.nanoTime());
+          boolean firstReaders = all.indexOf(x) < 2;
+          if (firstReaders || System.nanoTime() - seen.get(x) > TimeUnit.MILLISECONDS.toNanos(500)) {
+            asked.put(x, System.currentTimeMillis() / 1000.0);
+            x.release();
+          }
+        }
+        Thread.sleep(20);
       }
-      // [acquired t, released t, token, writer?]
+      // [acquired t, asked to release at, token, writer?]
       List<double[]> intervals = new ArrayList<>();
       for (Cli x : all) {
-        String acq = x.first("acquired").orElseThrow();
-        String rel = x.first("released").orElseThrow(() -> new AssertionError("no released: " + x));
+        String acq = x.first("acquired").orElseThrow(() -> new AssertionError("never acquired: " + x));
+        x.first("released").orElseThrow(() -> new AssertionError("no released: " + x));
         boolean writer = writers.contains(x);
         assertEquals(writer ? "write" : "read", Cli.field(acq, "mode"), acq);
-        intervals.add(new double[] {Cli.number(acq, "t"), Cli.number(rel, "t"), Cli.unsigned(acq, "token"),
-            writer ? 1 : 0});
+        intervals.add(new double[] {Cli.number(acq, "t"), asked.get(x), Cli.unsigned(acq, "token"), writer ? 1 : 0});
       }
       int readerOverlaps = 0;
       for (int i = 0; i < intervals.size(); i++) {
@@ -725,7 +742,7 @@ class ConformanceTest {
           double[] y = intervals.get(j);
           boolean overlap = x[0] < y[1] && y[0] < x[1];
           if (overlap && (x[3] == 1 || y[3] == 1)) {
-            fail("a writer's interval overlaps another holder's: " + all);
+            fail("a writer's interval overlaps another holder's: " + all + "\nasked to release: " + asked);
           }
           if (overlap) {
             readerOverlaps++;
