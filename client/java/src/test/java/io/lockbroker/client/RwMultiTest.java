@@ -119,6 +119,57 @@ class RwMultiTest {
     }
   }
 
+  /**
+   * A reader waiting behind a writer on A moves to B when A is killed, and
+   * is granted there as a reader (the moved wait keeps its kind), with the
+   * session it waited with.
+   */
+  @Test
+  void readWaitMovesToAnotherReplicaAsAReader() throws Exception {
+    String key = Cluster.key("rw-wait-move");
+    try (Broker a = Cluster.get().newBroker("rw-wait-a"); Broker b = Cluster.get().newBroker("rw-wait-b");
+        LockClient c = LockClient.builder().targets(a.addr(), b.addr()).build(); LockClient other = shared()) {
+      Lease w = other.writeLock(key, BOUNDED);
+      java.util.concurrent.CompletableFuture<String> queued = new java.util.concurrent.CompletableFuture<>();
+      java.util.concurrent.CompletableFuture<Void> heartbeat = new java.util.concurrent.CompletableFuture<>();
+      java.util.concurrent.atomic.AtomicInteger beats = new java.util.concurrent.atomic.AtomicInteger();
+      java.util.concurrent.CompletableFuture<Lease> reader = new java.util.concurrent.CompletableFuture<>();
+      Thread t = new Thread(() -> {
+        try {
+          reader.complete(c.readLock(key, BOUNDED.waitTimeout(Duration.ofSeconds(30))
+              .onQueued(q -> {
+                queued.complete(q.getSessionId());
+                if (beats.incrementAndGet() >= 2) {
+                  heartbeat.complete(null);
+                }
+              })));
+        } catch (Throwable e) {
+          reader.completeExceptionally(e);
+        }
+      });
+      t.setDaemon(true);
+      t.start();
+      String session = queued.get(10, TimeUnit.SECONDS);
+      // A's broker writes the wait's record after its first queued (the
+      // wait cannot move with its place before that: see the report); a
+      // heartbeat later it has.
+      heartbeat.get(10, TimeUnit.SECONDS);
+      a.kill();
+      Thread.sleep(1000); // the wait moves to B
+      assertFalse(reader.isDone(), "the reader was granted beside the writer: " + reader);
+      w.release();
+      Lease r = reader.get(10, TimeUnit.SECONDS);
+      assertEquals(b.addr(), r.target());
+      assertEquals(session, r.sessionId(), "the moved wait did not keep its session");
+      assertTrue(r.isRead(), r.toString());
+      assertTrue(holder(other.getLock(key), r.sessionId()).getRead());
+      Optional<Lease> r2 = other.tryReadLock(key, BOUNDED);
+      assertTrue(r2.isPresent(), "a second reader was refused beside the moved reader");
+      r2.get().release();
+      r.release();
+    }
+  }
+
   @Test
   void multiKeyLeaseResumesOnAnotherReplicaWithEveryKey() throws Exception {
     String base = Cluster.key("multi-resume");
