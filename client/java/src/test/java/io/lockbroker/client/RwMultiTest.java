@@ -78,6 +78,8 @@ class RwMultiTest {
       assertEquals(2, st.getHoldersCount(), st.toString());
       assertTrue(holder(st, r.sessionId()).getRead(), "resumed as a writer: " + st);
       assertEquals(token, holder(st, r.sessionId()).getToken(), st.toString());
+      assertTrue(other.checkSequencer(r.sequencer()), "the resumed reader's sequencer is not current");
+      assertTrue(r.sequencer().getRead() && r.sequencer().getKind() == LockKind.LOCK_KIND_RWLOCK, r.sequencer().toString());
       // Still a shared hold: another reader joins, a writer cannot.
       Optional<Lease> w = other.tryWriteLock(key, BOUNDED);
       w.ifPresent(Lease::close);
@@ -189,10 +191,16 @@ class RwMultiTest {
         assertEquals(tokens.get(i).longValue(), holder(st, l.sessionId()).getToken(), st.toString());
       }
       assertTrue(other.tryLock(keys.get(2)).isEmpty(), "the last key was free after the resume");
+      for (io.lockbroker.v1.Sequencer seq : l.sequencers()) {
+        assertTrue(other.checkSequencer(seq), "not current after the resume: " + seq);
+      }
       waitFor(() -> l.deadlineNanos() - System.nanoTime() > TimeUnit.SECONDS.toNanos(7), TTL, "keepalives from B");
       l.release();
       for (String k : keys) {
         assertEquals(0, other.getLock(k).getHoldersCount(), k + " held after the release");
+      }
+      for (io.lockbroker.v1.Sequencer seq : l.sequencers()) {
+        assertFalse(other.checkSequencer(seq), "still current after the release: " + seq);
       }
     }
   }
