@@ -205,6 +205,57 @@ class RwMultiTest {
     }
   }
 
+  /**
+   * A multi-key request waiting on A (one of its keys held) moves to B when
+   * A is killed, keeps its session, and is granted every key there
+   * together: the moved wait carries its keys, and never holds a subset.
+   */
+  @Test
+  void multiKeyWaitMovesToAnotherReplicaWithEveryKey() throws Exception {
+    String base = Cluster.key("multi-wait-move");
+    List<String> keys = List.of(base + "/x", base + "/y");
+    try (Broker a = Cluster.get().newBroker("multi-wait-a"); Broker b = Cluster.get().newBroker("multi-wait-b");
+        LockClient c = LockClient.builder().targets(a.addr(), b.addr()).build(); LockClient other = shared()) {
+      Lease y = other.lock(keys.get(1), BOUNDED);
+      java.util.concurrent.CompletableFuture<String> queued = new java.util.concurrent.CompletableFuture<>();
+      java.util.concurrent.CompletableFuture<Void> heartbeat = new java.util.concurrent.CompletableFuture<>();
+      java.util.concurrent.atomic.AtomicInteger beats = new java.util.concurrent.atomic.AtomicInteger();
+      java.util.concurrent.CompletableFuture<Lease> waiting = new java.util.concurrent.CompletableFuture<>();
+      Thread t = new Thread(() -> {
+        try {
+          waiting.complete(c.lockAll(keys, BOUNDED.waitTimeout(Duration.ofSeconds(30)).onQueued(q -> {
+            queued.complete(q.getSessionId());
+            if (beats.incrementAndGet() >= 2) {
+              heartbeat.complete(null);
+            }
+          })));
+        } catch (Throwable e) {
+          waiting.completeExceptionally(e);
+        }
+      });
+      t.setDaemon(true);
+      t.start();
+      String session = queued.get(10, TimeUnit.SECONDS);
+      heartbeat.get(10, TimeUnit.SECONDS);
+      a.kill();
+      long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(1);
+      while (System.nanoTime() < end) {
+        assertEquals(0, other.getLock(keys.get(0)).getHoldersCount(), "x held while x+y waits");
+        Thread.sleep(100);
+      }
+      assertFalse(waiting.isDone(), "x+y granted while y was held: " + waiting);
+      y.release();
+      Lease l = waiting.get(10, TimeUnit.SECONDS);
+      assertEquals(b.addr(), l.target());
+      assertEquals(keys, l.keys());
+      assertEquals(session, l.sessionId(), "the moved wait did not keep its session");
+      for (int i = 0; i < keys.size(); i++) {
+        assertEquals(l.tokens().get(i).longValue(), holder(other.getLock(keys.get(i)), l.sessionId()).getToken());
+      }
+      l.release();
+    }
+  }
+
   @Test
   void releaseOfOneKeyFromElsewhereEndsTheWholeLease() throws Exception {
     String base = Cluster.key("multi-released");
