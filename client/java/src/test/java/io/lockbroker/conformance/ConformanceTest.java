@@ -735,6 +735,11 @@ class ConformanceTest {
         assertEquals(writer ? "write" : "read", Cli.field(acq, "mode"), acq);
         intervals.add(new double[] {Cli.number(acq, "t"), asked.get(x), Cli.unsigned(acq, "token"), writer ? 1 : 0});
       }
+      double t0 = intervals.stream().mapToDouble(x -> x[0]).min().orElse(0);
+      for (double[] x : intervals) {
+        System.out.printf("S10 %s token %d held from %.3f s to %.3f s%n", x[3] == 1 ? "writer" : "reader",
+            (long) x[2], x[0] - t0, x[1] - t0);
+      }
       int readerOverlaps = 0;
       for (int i = 0; i < intervals.size(); i++) {
         for (int j = i + 1; j < intervals.size(); j++) {

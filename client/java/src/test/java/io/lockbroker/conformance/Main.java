@@ -84,7 +84,12 @@ public final class Main {
     // LOCKBROKER_TRACEPARENT: the caller's W3C trace context for every call
     // (the trace test, test/conformance/go).
     String tp = System.getenv("LOCKBROKER_TRACEPARENT");
-    LockClient.Builder builder = LockClient.builder().targets(targets);
+    // A broker's first answer to a read-write request follows its
+    // check-and-set of the key, retried when other contenders arrive at
+    // the same moment: on a loaded machine running many CLIs at once that
+    // can take more than the default 5 s, which would fail the hold with
+    // UNAVAILABLE.
+    LockClient.Builder builder = LockClient.builder().targets(targets).callTimeout(Duration.ofSeconds(20));
     if (tp != null && !tp.isEmpty()) {
       builder.traceContext(() -> Map.of("traceparent", tp));
     }
