@@ -100,15 +100,15 @@ func (st *State) deriveRW() {
 func kindName(st *State) string {
 	switch st.Kind {
 	case KindLock:
-		return "a lock"
+		return "a lock (kind LOCK)"
 	case KindSemaphore:
-		return fmt.Sprintf("a semaphore (limit %d)", st.Limit)
+		return fmt.Sprintf("a semaphore (kind SEMAPHORE, limit %d)", st.Limit)
 	case KindRWLock:
-		return "a read-write lock"
+		return "a read-write lock (kind RWLOCK)"
 	case KindForeign:
-		return fmt.Sprintf("a key with foreign flags %#x", st.lock.Flags)
+		return fmt.Sprintf("a key with foreign flags %#x (kind FOREIGN)", st.lock.Flags)
 	}
-	return "nothing"
+	return "nothing (kind NONE)"
 }
 
 // rwConflict says why st cannot be used as a read-write lock.
@@ -134,7 +134,7 @@ func rwKindConflict(st *State, asked string) error {
 	if st.Kind != KindRWLock {
 		return nil
 	}
-	return newError(ErrConflict, ReasonLimitConflict, "key %q is a read-write lock; acquire it with kind READ or WRITE, not as %s", st.Key, asked).withState(st)
+	return newError(ErrConflict, ReasonLimitConflict, "key %q is %s; acquire it with kind READ or WRITE, not as %s", st.Key, kindName(st), asked).withState(st)
 }
 
 // rwAhead lists the live contenders ahead of session (lower CreateIndex,
@@ -458,6 +458,8 @@ func (h *hold) rwTurn(st *State) bool {
 // rwLoss says whether st shows the read-write hold seq lost.
 func rwLoss(st *State, seq Sequencer) (lost bool, reason LostReason, detail string) {
 	switch {
+	case st.Kind == KindNone:
+		return true, LostDeletedByOther, "the read-write lock's entries were deleted"
 	case st.Kind != KindRWLock || st.rwErr != nil:
 		return true, LostLimitConflict, "the key is no longer a read-write lock's"
 	case st.lock == nil:
