@@ -339,7 +339,9 @@ func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 			}
 			polled++
 			for s, held := range bySession {
-				if !slices.ContainsFunc(sets, func(set []string) bool { return len(set) == len(held) && !slices.ContainsFunc(set, func(k string) bool { return !slices.Contains(held, k) }) }) {
+				if !slices.ContainsFunc(sets, func(set []string) bool {
+					return len(set) == len(held) && !slices.ContainsFunc(set, func(k string) bool { return !slices.Contains(held, k) })
+				}) {
 					partial++
 					t.Errorf("session %s holds %v: not one request's whole set", s, held)
 				}
@@ -528,4 +530,30 @@ func TestMultiKeyListHoldsAndPerKeyCalls(t *testing.T) {
 	m.cancel()
 	wa := w.acquired(10 * time.Second)
 	require.Len(t, wa.GetSequencers(), 2)
+}
+
+// Keys may nest and span prefixes; a key that is something other than a
+// lock (a semaphore prefix, a foreign entry) refuses the whole request
+// with FAILED_PRECONDITION naming it, and nothing is taken.
+func TestMultiKeyNestedAndConflictingKeys(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	nested := []string{"multi/nest/a", "multi/nest/a/b", "other/prefix/c"}
+	m := acquire(t, cs[0], multiReq(nested, "v"))
+	requireGrant(t, cc, m.acquired(10*time.Second), nested)
+	m.cancel()
+	require.Eventually(t, func() bool { return len(freeKeys(t, cc, nested)) == 3 }, 5*time.Second, 50*time.Millisecond)
+
+	sem := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: "multi/conflict/sem", Limit: 3, Session: fast()})
+	sem.acquired(10 * time.Second)
+	_, err := cc.KV().Put(&api.KVPair{Key: "multi/conflict/foreign", Value: []byte("x"), Flags: 42}, nil)
+	require.NoError(t, err)
+	for _, bad := range []string{"multi/conflict/sem", "multi/conflict/foreign"} {
+		keys := []string{"multi/conflict/a", bad, "multi/conflict/b"}
+		s := acquire(t, cs[0], multiReq(keys, "v"))
+		err := s.end(10 * time.Second)
+		require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+		assert.Contains(t, status.Convert(err).Message(), bad)
+		assert.Len(t, freeKeys(t, cc, []string{"multi/conflict/a", "multi/conflict/b"}), 2)
+	}
 }
