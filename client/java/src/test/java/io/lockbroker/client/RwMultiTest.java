@@ -277,6 +277,44 @@ class RwMultiTest {
     }
   }
 
+  /** A watch of a read-write lock shows its readers, then its writer, then no holder. */
+  @Test
+  void watchShowsTheReadersThenTheWriter() throws Exception {
+    String key = Cluster.key("rw-watch");
+    try (LockClient c = shared(); LockClient other = shared(); LockWatch w = c.watch(key)) {
+      Lease r1 = other.readLock(key, BOUNDED);
+      Lease r2 = c.readLock(key, BOUNDED);
+      LockState readers = until(w, s -> s.getHoldersCount() == 2);
+      assertEquals(LockKind.LOCK_KIND_RWLOCK, readers.getKind(), readers.toString());
+      assertTrue(readers.getHoldersList().stream().allMatch(Holder::getRead), readers.toString());
+      r1.release();
+      r2.release();
+      Lease wr = other.writeLock(key, BOUNDED);
+      LockState writer = until(w, s -> s.getHoldersCount() == 1 && s.getHolders(0).getSessionId().equals(wr.sessionId()));
+      assertFalse(writer.getHolders(0).getRead(), writer.toString());
+      assertEquals(wr.token(), writer.getHolders(0).getToken(), writer.toString());
+      wr.release();
+      LockState none = until(w, s -> s.getHoldersCount() == 0);
+      assertEquals(0, none.getHoldersCount());
+    }
+  }
+
+  private static LockState until(LockWatch w, java.util.function.Predicate<LockState> pred) throws InterruptedException {
+    long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+    List<LockState> seen = new ArrayList<>();
+    while (true) {
+      long left = end - System.nanoTime();
+      LockState s = left > 0 ? w.poll(Duration.ofNanos(left)) : null;
+      if (s == null) {
+        fail("no matching state within 10 s; saw " + seen);
+      }
+      if (pred.test(s)) {
+        return s;
+      }
+      seen.add(s);
+    }
+  }
+
   @Test
   void releaseOfOneKeyFromElsewhereEndsTheWholeLease() throws Exception {
     String base = Cluster.key("multi-released");
