@@ -315,6 +315,33 @@ class RwMultiTest {
     }
   }
 
+  /** A multi-key lease whose broker drains (SIGTERM) moves whole to the next target. */
+  @Test
+  void multiKeyLeaseMovesWholeWhenItsBrokerDrains() throws Exception {
+    String base = Cluster.key("multi-drain");
+    List<String> keys = List.of(base + "/u", base + "/v");
+    try (Broker a = Cluster.get().newBroker("multi-drain-a"); Broker b = Cluster.get().newBroker("multi-drain-b");
+        LockClient c = LockClient.builder().targets(a.addr(), b.addr()).build(); LockClient other = shared()) {
+      Lease l = c.lockAll(keys, BOUNDED);
+      List<Long> tokens = l.tokens();
+      a.proc().signal("TERM");
+      waitFor(() -> l.resumeCount() > 0 || l.isLost(), TTL, "resume on B");
+      assertFalse(l.isLost(), String.valueOf(l.lostCause()));
+      assertEquals(b.addr(), l.target());
+      assertEquals(tokens, l.tokens());
+      assertTrue(a.proc().awaitExit(20), "broker A did not exit after SIGTERM");
+      for (int i = 0; i < keys.size(); i++) {
+        LockState st = other.getLock(keys.get(i));
+        assertEquals(tokens.get(i).longValue(), holder(st, l.sessionId()).getToken(), st.toString());
+        assertTrue(other.checkSequencer(l.sequencers().get(i)), "not current after the drain: " + keys.get(i));
+      }
+      l.release();
+      for (String k : keys) {
+        assertEquals(0, other.getLock(k).getHoldersCount(), k + " held after the release");
+      }
+    }
+  }
+
   @Test
   void releaseOfOneKeyFromElsewhereEndsTheWholeLease() throws Exception {
     String base = Cluster.key("multi-released");
