@@ -101,7 +101,7 @@ func (c *Client) TryAcquire(ctx context.Context, sessionID, key string, opts ...
 		return err
 	})
 	if err != nil {
-		return nil, c.withHolders(ctx, key, err)
+		return nil, askedFor(req, c.withHolders(ctx, key, err))
 	}
 	return out, nil
 }
