@@ -41,7 +41,7 @@ func testReadWrite(t *testing.T, h *harness) {
 	r1 := h.start(t, nil, "lock", "--read", "-v", key, "--", "sh", "-c", holdScript, r1f)
 	got1 := r1.waitFile(t, r1f)
 	r2 := h.start(t, nil, "lock", key, "--read", "sh", "-c", holdScript, r2f) // old form: --read after KEY
-	got2 := r2.waitFile(t, r2f)                                                // both hold at once
+	got2 := r2.waitFile(t, r2f)                                               // both hold at once
 	assert.Equal(t, "read", got1[1], "LOCKBROKER_MODE")
 	assert.Equal(t, "read", got2[1])
 	assert.NotEqual(t, got1[2], got2[2], "a session each")
