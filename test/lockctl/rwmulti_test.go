@@ -58,7 +58,7 @@ func testReadWrite(t *testing.T, h *harness) {
 	assert.Equal(t, 1, code, "a plain lock of a read-write key: %s", stderr)
 	assert.Empty(t, stdout)
 	assert.Contains(t, stderr, "FAILED_PRECONDITION")
-	assert.Contains(t, stderr, "RWLOCK")
+	assert.Contains(t, stderr, "is a read-write lock", "names the kind found")
 
 	wf := filepath.Join(dir, "w")
 	w := h.start(t, nil, "lock", "--write", "-v", key, "--", "sh", "-c", holdScript, wf)
@@ -86,7 +86,7 @@ func testReadWrite(t *testing.T, h *harness) {
 	code, _, stderr = h.run(t, nil, "lock", "--read", "--try", plain, "--", "true")
 	assert.Equal(t, 1, code, "stderr: %s", stderr)
 	assert.Contains(t, stderr, "FAILED_PRECONDITION")
-	assert.Contains(t, stderr, "LOCK")
+	assert.Contains(t, stderr, "is a lock", "names the kind found")
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	p.wait(t, 15*time.Second)
 }
