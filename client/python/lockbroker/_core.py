@@ -78,17 +78,64 @@ def session_options(ttl=None, lock_delay=None, behavior=None, checks=(), session
     return opts
 
 
+#: AcquireRequest.kind by mode: a plain lock, a read-write lock's read
+#: (shared) or write (exclusive) hold.
+_MODES = {None: lock_pb2.ACQUIRE_KIND_LOCK, "read": lock_pb2.ACQUIRE_KIND_READ,
+          "write": lock_pb2.ACQUIRE_KIND_WRITE}
+
+#: The most keys one multi-key lock takes (AcquireRequest.key and 63 keys).
+MAX_KEYS = 64
+
+
 def acquire_request(key, *, value=None, limit=0, semaphore=False, wait=None, ttl=None, lock_delay=None,
-                    behavior=None, checks=(), session_name=None, fair=False):
-    """The AcquireRequest for a lock (semaphore False) or semaphore slot."""
+                    behavior=None, checks=(), session_name=None, fair=False, mode=None, keys=()):
+    """The AcquireRequest for a lock (semaphore False) or semaphore slot;
+    mode "read" or "write" asks for a read-write lock's hold instead of a
+    plain lock, and `keys` are more lock keys taken with `key` as one."""
+    if mode not in _MODES:
+        raise errors.InvalidArgument(f"mode must be 'read' or 'write', not {mode!r}")
     req = lock_pb2.AcquireRequest(
-        key=key, value=as_bytes(value), limit=limit, fair=fair,
-        kind=lock_pb2.ACQUIRE_KIND_SEMAPHORE if semaphore else lock_pb2.ACQUIRE_KIND_LOCK,
+        key=key, value=as_bytes(value), limit=limit, fair=fair, keys=list(keys),
+        kind=lock_pb2.ACQUIRE_KIND_SEMAPHORE if semaphore else _MODES[mode],
         new_session=session_options(ttl, lock_delay, behavior, checks, session_name),
     )
     if wait is not None:
         req.wait_timeout.CopyFrom(duration(wait))
     return req
+
+
+def lock_keys(keys) -> list:
+    """The keys of a multi-key lock, checked before any call: a list (or
+    other iterable) of 1 to MAX_KEYS distinct strings, in the order given."""
+    if isinstance(keys, (str, bytes, bytearray)):
+        raise errors.InvalidArgument(f"lock_all takes a list of keys, not the single key {keys!r}",
+                                     field_violations=[("keys", "a list of keys, not a string")])
+    try:
+        out = list(keys)
+    except TypeError:
+        raise errors.InvalidArgument(f"lock_all takes a list of keys, not {type(keys).__name__}",
+                                     field_violations=[("keys", "not a list")]) from None
+    if not out:
+        raise errors.InvalidArgument("lock_all needs at least one key", field_violations=[("keys", "empty")])
+    if len(out) > MAX_KEYS:
+        raise errors.InvalidArgument(f"lock_all takes at most {MAX_KEYS} keys, not {len(out)}",
+                                     field_violations=[("keys", f"more than {MAX_KEYS} keys")])
+    seen = set()
+    for k in out:
+        if not isinstance(k, str):
+            raise errors.InvalidArgument(f"lock_all keys must be strings, not {type(k).__name__}",
+                                         field_violations=[("keys", "not a string")])
+        if k in seen:
+            raise errors.InvalidArgument(f"lock_all key {k!r} is given twice",
+                                         field_violations=[("keys", f"{k!r} given twice")])
+        seen.add(k)
+    return out
+
+
+def lease_mode(req) -> str:
+    """What a request holds once granted: "lock", "semaphore", "read" or "write"."""
+    return {lock_pb2.ACQUIRE_KIND_SEMAPHORE: "semaphore", lock_pb2.ACQUIRE_KIND_READ: "read",
+            lock_pb2.ACQUIRE_KIND_WRITE: "write"}.get(req.kind, "lock")
 
 
 def resume_request(req, seq: Sequencer):
@@ -210,14 +257,34 @@ class WaitPlace:
         return Queued.from_proto(msg.queued)
 
 
-def check_grant(req, seq: Sequencer):
-    """A grant of the wrong kind means the broker ignored `kind` (an older
-    broker): a one-slot semaphore would silently be a lock."""
+def grant(req, acquired) -> Tuple[Sequencer, ...]:
+    """The sequencers of an `acquired` event for req, one per key in the
+    request's order. Raises Unimplemented when the grant is not what was
+    asked for, which means the broker ignored a field it does not know (an
+    older broker): a one-slot semaphore granted as a lock, a read or write
+    hold granted as a plain lock, or only the first key of a multi-key lock
+    (the caller then ends the stream, which lets that key go)."""
+    seq = Sequencer.from_proto(acquired.sequencer)
     if req.kind == lock_pb2.ACQUIRE_KIND_SEMAPHORE and seq.kind != "semaphore":
-        return errors.Unimplemented(
+        raise errors.Unimplemented(
             f"the broker granted a {seq.kind} for a semaphore request on {seq.key!r}: "
             "it does not support AcquireRequest.kind (one-slot semaphores)")
-    return None
+    if req.kind in (lock_pb2.ACQUIRE_KIND_READ, lock_pb2.ACQUIRE_KIND_WRITE):
+        read = req.kind == lock_pb2.ACQUIRE_KIND_READ
+        if seq.kind != "rwlock" or seq.read != read:
+            got = f"{'read' if seq.read else 'write'} hold" if seq.kind == "rwlock" else seq.kind
+            raise errors.Unimplemented(
+                f"the broker granted a {got} for a {'read' if read else 'write'} request on {seq.key!r}: "
+                "it does not support read-write locks (AcquireRequest.kind READ and WRITE)")
+    if not req.keys:
+        return (seq,)
+    seqs = tuple(Sequencer.from_proto(s) for s in acquired.sequencers)
+    want = [req.key, *req.keys]
+    if [s.key for s in seqs] != want or any(s.session_id != seq.session_id for s in seqs) or seqs[0].token != seq.token:
+        raise errors.Unimplemented(
+            f"the broker granted {[s.key for s in seqs] or [seq.key]} for a multi-key request on {want}: "
+            "it does not support multi-key locks (AcquireRequest.keys)")
+    return seqs
 
 
 @dataclass

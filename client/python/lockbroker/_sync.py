@@ -6,7 +6,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Callable, Iterator, List, Optional, Union
+from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 import grpc
 
@@ -161,6 +161,90 @@ class Client:
         except (errors.LockHeld, errors.LockDelay):
             return None
 
+    def read_lock(self, key: str, *, ttl: Optional[float] = None, wait: Optional[float] = None,
+                  value: _core.BytesLike = b"", lock_delay: Optional[float] = None, behavior: Optional[str] = None,
+                  checks=(), session_name: Optional[str] = None,
+                  on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
+        """Waits for a read (shared) hold of the read-write lock `key` and
+        returns the Lease (lease.mode "read"). Many readers hold the key
+        at once, never beside a writer. Requests are served in arrival
+        order: a reader that arrives behind a waiting writer waits for the
+        writer's turn, so neither readers nor writers starve.
+
+        The key holds a read-write lock, in the broker's own Consul layout:
+        a plain lock() or semaphore() on it, or a read_lock()/write_lock()
+        on a plain lock or semaphore key, raises Conflict with reason
+        LIMIT_CONFLICT naming the kind found (`err.state.kind`). Arguments
+        as for lock()."""
+        req = _core.acquire_request(key, value=value, wait=wait, ttl=ttl, lock_delay=lock_delay, behavior=behavior,
+                                    checks=checks, session_name=session_name, mode="read")
+        return self._acquire(req, wait, on_queued)
+
+    def write_lock(self, key: str, *, ttl: Optional[float] = None, wait: Optional[float] = None,
+                   value: _core.BytesLike = b"", lock_delay: Optional[float] = None, behavior: Optional[str] = None,
+                   checks=(), session_name: Optional[str] = None,
+                   on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
+        """Waits for the write (exclusive) hold of the read-write lock
+        `key` and returns the Lease (lease.mode "write"): no reader or
+        other writer holds the key meanwhile. Its token is above every
+        token granted on the key before it, read or write. See
+        read_lock(); arguments as for lock()."""
+        req = _core.acquire_request(key, value=value, wait=wait, ttl=ttl, lock_delay=lock_delay, behavior=behavior,
+                                    checks=checks, session_name=session_name, mode="write")
+        return self._acquire(req, wait, on_queued)
+
+    def try_read_lock(self, key: str, **kw) -> Optional["Lease"]:
+        """read_lock() with wait=0: the Lease, or None when a writer holds
+        the key or waits for it (or it is inside Consul's lock-delay). A
+        key of another kind raises Conflict."""
+        kw["wait"] = 0
+        try:
+            return self.read_lock(key, **kw)
+        except (errors.LockHeld, errors.LockDelay):
+            return None
+
+    def try_write_lock(self, key: str, **kw) -> Optional["Lease"]:
+        """write_lock() with wait=0: the Lease, or None when anyone holds
+        the key. A key of another kind raises Conflict."""
+        kw["wait"] = 0
+        try:
+            return self.write_lock(key, **kw)
+        except (errors.LockHeld, errors.LockDelay):
+            return None
+
+    def lock_all(self, keys, *, ttl: Optional[float] = None, wait: Optional[float] = None,
+                 value: _core.BytesLike = b"", lock_delay: Optional[float] = None, behavior: Optional[str] = None,
+                 checks=(), session_name: Optional[str] = None,
+                 on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
+        """Waits until it holds every lock in `keys` (1 to 64 distinct
+        keys) at once and returns one Lease for them all: the broker takes
+        them in one Consul transaction with one session, all or nothing.
+        While it waits it holds none of them; two lock_all() on
+        overlapping keys never deadlock, and single-key traffic on one key
+        cannot starve it (one place in every key's shared queue).
+
+        lease.keys, lease.sequencers and lease.tokens follow the order of
+        `keys` (lease.key and lease.token are the first key's). Losing any
+        key ends the whole lease: the broker releases the rest and
+        lease.lost_key names the key that was lost. Releasing the lease
+        releases every key. Each key is an ordinary Consul lock key, so
+        Consul's api.Lock excludes correctly on any of them; `value` is
+        every key's value. Other arguments as for lock(); a busy try
+        (wait=0) or timed-out wait names the holders of a busy key."""
+        keys = _core.lock_keys(keys)
+        req = _core.acquire_request(keys[0], value=value, wait=wait, ttl=ttl, lock_delay=lock_delay,
+                                    behavior=behavior, checks=checks, session_name=session_name, keys=keys[1:])
+        return self._acquire(req, wait, on_queued)
+
+    def try_lock_all(self, keys, **kw) -> Optional["Lease"]:
+        """lock_all() with wait=0: the Lease, or None when any of the keys
+        is busy (then none is held)."""
+        kw["wait"] = 0
+        try:
+            return self.lock_all(keys, **kw)
+        except (errors.LockHeld, errors.LockDelay):
+            return None
+
     def semaphore(self, prefix: str, limit: int, *, ttl=None, wait=None, value: _core.BytesLike = b"",
                   lock_delay=None, behavior=None, checks=(), session_name=None, fair: bool = False,
                   on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
@@ -250,11 +334,8 @@ class Client:
                 _call(place.on_queued, queued, "on_queued")
             kind = msg.WhichOneof("event")
             if kind == "acquired":
-                seq = Sequencer.from_proto(msg.acquired.sequencer)
-                bad = _core.check_grant(req, seq)
-                if bad is not None:
-                    raise bad
-                lease = Lease(self, i, req, seq, call, reader, t + _core.seconds(msg.acquired.guaranteed_for))
+                seqs = _core.grant(req, msg.acquired)
+                lease = Lease(self, i, req, seqs, call, reader, t + _core.seconds(msg.acquired.guaranteed_for))
                 self._leases.add(lease)
                 return lease
             if kind in ("lost", "released"):
@@ -448,7 +529,8 @@ _RELEASED = object()  # follow/resume outcome: released by this client
 
 
 class Lease:
-    """A held lock or semaphore slot.
+    """A held lock, semaphore slot, read-write lock hold, or set of locks
+    taken as one (lock_all).
 
     The hold is kept alive by the broker while the lease is open; the
     library watches its deadline: every `acquired`/`keepalive` event says
@@ -457,14 +539,24 @@ class Lease:
     replicas and, if none takes it over in time, reports the loss before
     the deadline. A lease can be lost at any moment: pass `token` to what
     you protect, and call check() before acting.
+
+    `mode` says what it holds: "lock", "semaphore", "read" or "write" (a
+    read-write lock's shared or exclusive hold). A lock_all() lease holds
+    several keys: `keys`, `sequencers` and `tokens` have one entry per key
+    in the order asked for; `key`, `sequencer` and `token` are the first
+    key's. After a loss, `lost_key` names the key whose loss ended it.
     """
 
-    def __init__(self, client: Client, replica: int, req, seq: Sequencer, call, reader, deadline: float):
+    def __init__(self, client: Client, replica: int, req, seqs, call, reader, deadline: float):
         self._client = client
         self._req = req
         self.key: str = req.key
         self.value: bytes = req.value
-        self.sequencer: Sequencer = seq
+        #: One Sequencer per key, in the order asked for.
+        self.sequencers: Tuple[Sequencer, ...] = tuple(seqs)
+        self.sequencer: Sequencer = self.sequencers[0]
+        #: "lock", "semaphore", "read" or "write".
+        self.mode: str = _core.lease_mode(req)
         self._mu = threading.Lock()
         self._replica = replica
         self._call = call
@@ -490,8 +582,29 @@ class Lease:
         return self.sequencer.token
 
     @property
+    def keys(self) -> Tuple[str, ...]:
+        """Every key the lease holds, in the order asked for (one for all
+        but lock_all())."""
+        return tuple(s.key for s in self.sequencers)
+
+    @property
+    def tokens(self) -> Tuple[int, ...]:
+        """The fencing token of each key, in the order of `keys`."""
+        return tuple(s.token for s in self.sequencers)
+
+    @property
     def session_id(self) -> str:
         return self.sequencer.session_id
+
+    @property
+    def lost_key(self) -> Optional[str]:
+        """Once lost, the key whose loss ended the lease when the broker
+        named it (for lock_all(), the key lost first: the others were
+        released); None while held, and for losses that concern the whole
+        hold (KEEPALIVE_TIMEOUT, RESUME_REFUSED, RELEASED,
+        RESUMED_ELSEWHERE)."""
+        with self._mu:
+            return self._error.key if self._error is not None else None
 
     @property
     def deadline(self) -> float:
@@ -591,7 +704,9 @@ class Lease:
 
     def __repr__(self):
         state = "lost" if self.lost.is_set() else "released" if self.released else "held"
-        return f"<lockbroker.Lease {self.key!r} token={self.token} {state}>"
+        keys = repr(self.key) if len(self.sequencers) == 1 else repr(list(self.keys))
+        mode = "" if self.mode == "lock" else f" {self.mode}"
+        return f"<lockbroker.Lease {keys}{mode} token={self.token} {state}>"
 
     # -- the lease's thread ---------------------------------------------------
 
@@ -667,7 +782,7 @@ class Lease:
                         with self._mu:
                             self._deadline = min(self._deadline, t + _core.seconds(msg.lost.guaranteed_for))
                     return None
-                return errors.LockLost(reason, msg.lost.detail)
+                return errors.LockLost(reason, msg.lost.detail, key=msg.lost.key)
 
     def _resume(self):
         """Re-attaches the hold on the replicas in turn until it works (the
@@ -738,11 +853,12 @@ class Lease:
             kind = msg.WhichOneof("event")
             if kind == "acquired":
                 seq = msg.acquired.sequencer
-                if seq.token != self.token or seq.session_id != self.session_id:
+                tokens = tuple(s.token for s in msg.acquired.sequencers)
+                if seq.token != self.token or seq.session_id != self.session_id or (tokens and tokens != self.tokens):
                     return errors.LockLost("RESUME_REFUSED", f"resume returned another grant (token {seq.token})")
                 return t + _core.seconds(msg.acquired.guaranteed_for)
             if kind == "lost":
-                return errors.LockLost(_core.lost_reason_name(msg.lost.reason), msg.lost.detail)
+                return errors.LockLost(_core.lost_reason_name(msg.lost.reason), msg.lost.detail, key=msg.lost.key)
 
     def _finish(self, outcome):
         with self._mu:

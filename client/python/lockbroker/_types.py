@@ -11,6 +11,7 @@ _KINDS = {
     types_pb2.LOCK_KIND_LOCK: "lock",
     types_pb2.LOCK_KIND_SEMAPHORE: "semaphore",
     types_pb2.LOCK_KIND_FOREIGN: "foreign",
+    types_pb2.LOCK_KIND_RWLOCK: "rwlock",
 }
 _KIND_VALUES = {v: k for k, v in _KINDS.items()}
 
@@ -33,39 +34,46 @@ class Sequencer:
     session_id: str
     lock_index: int
     token: int
-    kind: str  # "lock" or "semaphore"
+    kind: str  # "lock", "semaphore" or "rwlock"
+    #: A read-write lock's grant: True for a read (shared) hold, False for
+    #: a write (exclusive) one; False for other kinds.
+    read: bool = False
 
     @classmethod
     def from_proto(cls, p):
-        return cls(key=p.key, session_id=p.session_id, lock_index=p.lock_index, token=p.token, kind=kind_name(p.kind))
+        return cls(key=p.key, session_id=p.session_id, lock_index=p.lock_index, token=p.token, kind=kind_name(p.kind),
+                   read=p.read)
 
     def to_proto(self):
         return types_pb2.Sequencer(key=self.key, session_id=self.session_id, lock_index=self.lock_index,
-                                   token=self.token, kind=_KIND_VALUES.get(self.kind, 0))
+                                   token=self.token, kind=_KIND_VALUES.get(self.kind, 0), read=self.read)
 
 
 @dataclass(frozen=True)
 class Holder:
-    """A current holder of a key."""
+    """A current holder of a key. `read` is True for a reader of a
+    read-write lock (False for its writer, and for other kinds)."""
 
     session_id: str
     value: bytes
     token: int
     lock_index: int
     session_name: str = ""
+    read: bool = False
 
     @classmethod
     def from_proto(cls, p):
         return cls(session_id=p.session_id, value=p.value, token=p.token, lock_index=p.lock_index,
-                   session_name=p.session_name)
+                   session_name=p.session_name, read=p.read)
 
 
 @dataclass(frozen=True)
 class State:
     """The state of a key: what it is and who holds it.
 
-    `kind` is "none" (nothing there: no holder), "lock", "semaphore" or
-    "foreign" (someone else's data). `holders` is empty when nobody holds
+    `kind` is "none" (nothing there: no holder), "lock", "semaphore",
+    "rwlock" (a read-write lock: its readers, or its one writer; see
+    Holder.read) or "foreign" (someone else's data). `holders` is empty when nobody holds
     the key — an explicit state, so a watcher sees a leader resign or fail.
     """
 

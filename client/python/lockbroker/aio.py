@@ -18,7 +18,7 @@ import inspect
 import logging
 import warnings
 import weakref
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import grpc
 import grpc.aio
@@ -153,6 +153,55 @@ class Client:
         except (errors.LockHeld, errors.LockDelay):
             return None
 
+    async def read_lock(self, key: str, *, ttl=None, wait=None, value: _core.BytesLike = b"", lock_delay=None,
+                        behavior=None, checks=(), session_name=None,
+                        on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
+        """Waits for a read (shared) hold of the read-write lock `key`; see
+        lockbroker.Client.read_lock."""
+        req = _core.acquire_request(key, value=value, wait=wait, ttl=ttl, lock_delay=lock_delay, behavior=behavior,
+                                    checks=checks, session_name=session_name, mode="read")
+        return await self._acquire(req, wait, on_queued)
+
+    async def write_lock(self, key: str, *, ttl=None, wait=None, value: _core.BytesLike = b"", lock_delay=None,
+                         behavior=None, checks=(), session_name=None,
+                         on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
+        """Waits for the write (exclusive) hold of the read-write lock
+        `key`; see lockbroker.Client.write_lock."""
+        req = _core.acquire_request(key, value=value, wait=wait, ttl=ttl, lock_delay=lock_delay, behavior=behavior,
+                                    checks=checks, session_name=session_name, mode="write")
+        return await self._acquire(req, wait, on_queued)
+
+    async def try_read_lock(self, key: str, **kw) -> Optional["Lease"]:
+        kw["wait"] = 0
+        try:
+            return await self.read_lock(key, **kw)
+        except (errors.LockHeld, errors.LockDelay):
+            return None
+
+    async def try_write_lock(self, key: str, **kw) -> Optional["Lease"]:
+        kw["wait"] = 0
+        try:
+            return await self.write_lock(key, **kw)
+        except (errors.LockHeld, errors.LockDelay):
+            return None
+
+    async def lock_all(self, keys, *, ttl=None, wait=None, value: _core.BytesLike = b"", lock_delay=None,
+                       behavior=None, checks=(), session_name=None,
+                       on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
+        """Waits until it holds every lock in `keys` at once, all or
+        nothing; see lockbroker.Client.lock_all."""
+        keys = _core.lock_keys(keys)
+        req = _core.acquire_request(keys[0], value=value, wait=wait, ttl=ttl, lock_delay=lock_delay,
+                                    behavior=behavior, checks=checks, session_name=session_name, keys=keys[1:])
+        return await self._acquire(req, wait, on_queued)
+
+    async def try_lock_all(self, keys, **kw) -> Optional["Lease"]:
+        kw["wait"] = 0
+        try:
+            return await self.lock_all(keys, **kw)
+        except (errors.LockHeld, errors.LockDelay):
+            return None
+
     async def semaphore(self, prefix: str, limit: int, *, ttl=None, wait=None, value: _core.BytesLike = b"",
                         lock_delay=None, behavior=None, checks=(), session_name=None, fair=False,
                         on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
@@ -237,11 +286,8 @@ class Client:
                 _call(place.on_queued, queued, "on_queued")
             kind = msg.WhichOneof("event")
             if kind == "acquired":
-                seq = Sequencer.from_proto(msg.acquired.sequencer)
-                bad = _core.check_grant(req, seq)
-                if bad is not None:
-                    raise bad
-                lease = Lease(self, i, req, seq, call, reader, t + _core.seconds(msg.acquired.guaranteed_for))
+                seqs = _core.grant(req, msg.acquired)
+                lease = Lease(self, i, req, seqs, call, reader, t + _core.seconds(msg.acquired.guaranteed_for))
                 self._leases.add(lease)
                 return lease
             if kind in ("lost", "released"):
@@ -401,16 +447,19 @@ class Watch:
 
 
 class Lease:
-    """A held lock or semaphore slot; see lockbroker.Lease. `lost` is an
-    asyncio.Event; release() is a coroutine; `async with lease:` releases
-    at the end of the block."""
+    """A held lock, semaphore slot, read-write lock hold or lock_all()
+    keys; see lockbroker.Lease (mode, keys, sequencers, tokens, lost_key
+    alike). `lost` is an asyncio.Event; release() is a coroutine;
+    `async with lease:` releases at the end of the block."""
 
-    def __init__(self, client: Client, replica: int, req, seq: Sequencer, call, reader, deadline: float):
+    def __init__(self, client: Client, replica: int, req, seqs, call, reader, deadline: float):
         self._client = client
         self._req = req
         self.key: str = req.key
         self.value: bytes = req.value
-        self.sequencer: Sequencer = seq
+        self.sequencers: Tuple[Sequencer, ...] = tuple(seqs)
+        self.sequencer: Sequencer = self.sequencers[0]
+        self.mode: str = _core.lease_mode(req)
         self._replica = replica
         self._call = call
         self._deadline = deadline
@@ -426,6 +475,12 @@ class Lease:
 
     token = property(lambda self: self.sequencer.token, doc="The fencing token of this grant.")
     session_id = property(lambda self: self.sequencer.session_id)
+    keys = property(lambda self: tuple(s.key for s in self.sequencers),
+                    doc="Every key the lease holds, in the order asked for.")
+    tokens = property(lambda self: tuple(s.token for s in self.sequencers),
+                      doc="The fencing token of each key, in the order of `keys`.")
+    lost_key = property(lambda self: self._error.key if self._error is not None else None,
+                        doc="Once lost, the key whose loss ended the lease when the broker named it, else None.")
     deadline = property(lambda self: self._deadline,
                         doc="time.monotonic() value until which the hold is guaranteed.")
     target = property(lambda self: self._client.targets[self._replica])
@@ -500,7 +555,9 @@ class Lease:
 
     def __repr__(self):
         state = "lost" if self.lost.is_set() else "released" if self._released else "held"
-        return f"<lockbroker.aio.Lease {self.key!r} token={self.token} {state}>"
+        keys = repr(self.key) if len(self.sequencers) == 1 else repr(list(self.keys))
+        mode = "" if self.mode == "lock" else f" {self.mode}"
+        return f"<lockbroker.aio.Lease {keys}{mode} token={self.token} {state}>"
 
     # -- the lease's task ---------------------------------------------------
 
@@ -566,7 +623,7 @@ class Lease:
                     if msg.lost.HasField("guaranteed_for"):  # the drain (or the last renewal) may end before the TTL would
                         self._deadline = min(self._deadline, t + _core.seconds(msg.lost.guaranteed_for))
                     return None
-                return errors.LockLost(reason, msg.lost.detail)
+                return errors.LockLost(reason, msg.lost.detail, key=msg.lost.key)
 
     async def _resume(self):
         client = self._client
@@ -627,11 +684,12 @@ class Lease:
             kind = msg.WhichOneof("event")
             if kind == "acquired":
                 seq = msg.acquired.sequencer
-                if seq.token != self.token or seq.session_id != self.session_id:
+                tokens = tuple(s.token for s in msg.acquired.sequencers)
+                if seq.token != self.token or seq.session_id != self.session_id or (tokens and tokens != self.tokens):
                     return errors.LockLost("RESUME_REFUSED", f"resume returned another grant (token {seq.token})")
                 return t + _core.seconds(msg.acquired.guaranteed_for)
             if kind == "lost":
-                return errors.LockLost(_core.lost_reason_name(msg.lost.reason), msg.lost.detail)
+                return errors.LockLost(_core.lost_reason_name(msg.lost.reason), msg.lost.detail, key=msg.lost.key)
 
     def _finish(self, outcome):
         if self._error is not None or self._released:

@@ -2,13 +2,19 @@
 (test/conformance/scenarios.md, S5) and for trying a deployment by hand.
 
     python -m lockbroker.conformance hold --target 127.0.0.1:8700 --key jobs/x [--limit 3] [--seconds 30]
+    python -m lockbroker.conformance hold --target 127.0.0.1:8700 --key jobs/x --mode read|write
+    python -m lockbroker.conformance hold --target 127.0.0.1:8700 --key jobs/a --also jobs/b --also jobs/c
     python -m lockbroker.conformance watch --target 127.0.0.1:8700 --key jobs/x [--seconds 30]
 
-`hold` takes a lock (limit 0) or a semaphore slot (limit > 0), holds it for
---seconds (or until SIGTERM, or until stdin closes when it is a pipe), releases it, and prints JSON
-lines: {"event":"acquired",...}, then {"event":"released"} or
-{"event":"lost","reason":...}; failures print {"event":"error",...} and
-exit 1. `watch` prints {"event":"state",...} per state.
+`hold` takes a lock (limit 0), a semaphore slot (limit > 0), a read-write
+lock's read or write hold (--mode), or the key and every --also key as one
+multi-key lock; holds it for --seconds (or until SIGTERM, or until stdin
+closes when it is a pipe), releases it, and prints JSON lines:
+{"event":"acquired","mode":M,...} (M: lock, semaphore, read or write; a
+multi-key hold adds "keys" and "tokens", one per key in order), then
+{"event":"released"} or {"event":"lost","reason":...} (exit 2); failures
+print {"event":"error",...} and exit 1. `watch` prints {"event":"state",...}
+per state.
 """
 
 import argparse
@@ -20,7 +26,7 @@ import sys
 import threading
 import time
 
-from . import Client, LockbrokerError
+from . import Client, InvalidArgument, LockbrokerError
 from ._types import SNAPSHOT_COMPLETE
 
 
@@ -46,15 +52,27 @@ def _stdin_is_pipe():
 
 def _hold(client, args):
     value = (args.value or "").encode()
+    opts = dict(ttl=args.ttl, wait=args.wait, value=value)
     try:
+        if (args.mode or args.also) and args.limit > 0:
+            raise InvalidArgument("--mode and --also take locks: not with --limit")
+        if args.mode and args.also:
+            raise InvalidArgument("--also takes plain locks: not with --mode")
         if args.limit > 0:
-            lease = client.semaphore(args.key, args.limit, ttl=args.ttl, wait=args.wait, value=value)
+            lease = client.semaphore(args.key, args.limit, **opts)
+        elif args.mode == "read":
+            lease = client.read_lock(args.key, **opts)
+        elif args.mode == "write":
+            lease = client.write_lock(args.key, **opts)
+        elif args.also:
+            lease = client.lock_all([args.key, *args.also], **opts)
         else:
-            lease = client.lock(args.key, ttl=args.ttl, wait=args.wait, value=value)
+            lease = client.lock(args.key, **opts)
     except LockbrokerError as e:
         return _error(e)
-    _emit(event="acquired", key=args.key, token=lease.token, session_id=lease.session_id,
-          deadline_in=round(lease.deadline - time.monotonic(), 3))
+    extra = dict(keys=list(lease.keys), tokens=list(lease.tokens)) if args.also else {}
+    _emit(event="acquired", key=args.key, mode=lease.mode, token=lease.token, session_id=lease.session_id,
+          deadline_in=round(lease.deadline - time.monotonic(), 3), **extra)
     stop = threading.Event()
     lease.on_lost(lambda err: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -70,9 +88,9 @@ def _hold(client, args):
     if _stdin_is_pipe():  # not /dev/null or a terminal: its end is a request to release
         threading.Thread(target=stdin_closed, daemon=True).start()
     stop.wait(args.seconds)
-    if lease.lost.is_set():
-        err = lease.error
-        _emit(event="lost", reason=err.reason, detail=err.detail)
+    err = lease.error  # set before lease.lost and the on_lost callbacks
+    if err is not None:
+        _emit(event="lost", reason=err.reason, detail=err.detail, key=err.key)
         return 2
     lease.release()
     _emit(event="released", token=lease.token)
@@ -117,6 +135,10 @@ def main(argv=None):
             p.add_argument("--ttl", type=float, default=None)
             p.add_argument("--wait", type=float, default=None, help="seconds to wait (default: no bound)")
             p.add_argument("--value", default=None)
+            p.add_argument("--mode", choices=("read", "write"), default=None,
+                           help="a read-write lock's read (shared) or write (exclusive) hold")
+            p.add_argument("--also", action="append", default=[], metavar="KEY",
+                           help="another key to lock together with --key, all or nothing (repeat)")
         else:
             p.add_argument("--prefix", action="store_true")
     args = ap.parse_args(argv)

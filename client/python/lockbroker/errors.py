@@ -89,7 +89,11 @@ class InvalidArgument(LockbrokerError, ValueError):
 
 class Conflict(LockbrokerError):
     """The key cannot be taken as asked (FAILED_PRECONDITION): foreign
-    flags, a different semaphore limit, a malformed semaphore."""
+    flags (reason FOREIGN_FLAGS), a different semaphore limit or another
+    kind than asked for (LIMIT_CONFLICT: a lock or semaphore request on a
+    read-write lock, a read or write request on a plain lock or semaphore;
+    the message names the kind found and `state.kind` is it, e.g.
+    "rwlock" or "lock"), a malformed semaphore (MALFORMED_SEMAPHORE)."""
 
 
 class NotHolder(LockbrokerError):
@@ -165,15 +169,23 @@ class LockLost(LockbrokerError):
     KEEPALIVE_TIMEOUT (no keepalive from any broker replica before the
     guaranteed deadline), RESUME_REFUSED (a replica refused to resume the
     hold: it is no longer held), RELEASED (a Release from elsewhere ended
-    the hold). `detail` is for humans.
+    the hold). `detail` is for humans. `key` names the key whose loss
+    ended the hold when the broker said (for a multi-key lock, the key lost
+    first: the broker released the others), else None (the client's own
+    reasons, and those that concern the whole hold, such as
+    RESUMED_ELSEWHERE).
     """
 
-    def __init__(self, reason, detail=""):
+    def __init__(self, reason, detail="", key=None):
         super().__init__(detail or reason, reason=reason)
         self.detail = detail
+        self.key: Optional[str] = key or None
 
     def __str__(self):
-        return f"lock lost: {self.reason}" + (f": {self.detail}" if self.detail else "")
+        s = f"lock lost: {self.reason}"
+        if self.key:
+            s += f" (key {self.key!r})"
+        return s + (f": {self.detail}" if self.detail else "")
 
 
 _BY_REASON = {

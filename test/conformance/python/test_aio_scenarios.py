@@ -9,6 +9,7 @@ grpc.aio makes its own secure channels.
 import asyncio
 import signal
 import time
+import urllib.error
 import uuid
 
 import grpc
@@ -164,3 +165,98 @@ def test_aio_s7_tls_and_token(secure):
                     await c.lock(key, wait=5)
                 assert unavailable.value.code == grpc.StatusCode.UNAVAILABLE, (what, unavailable.value)
     run(main(), timeout=30)
+
+
+async def kv_snapshot(cluster, key):
+    loop = asyncio.get_running_loop()
+    entries = await loop.run_in_executor(None, lambda: _kv(cluster, key))
+    return sorted((e["Key"], e["ModifyIndex"], e["Flags"], e.get("Session")) for e in entries)
+
+
+def _kv(cluster, key):
+    try:
+        return cluster.consul.http("GET", f"/v1/kv/{key}?recurse&consistent") or []
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return []
+        raise
+
+
+async def still_waiting(task, seconds):
+    """True when task has not finished within seconds."""
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    return not done
+
+
+def test_aio_s8_read_write_lock(cluster, broker, key):
+    plain = key + "-plain"
+
+    async def main():
+        async with aio.Client(broker.addr) as c1, aio.Client(broker.addr) as c2, \
+                aio.Client(broker.addr) as c3, aio.Client(broker.addr) as cw:
+            r1 = await c1.read_lock(key, value=b"r1", wait=10)
+            r2 = await c2.read_lock(key, value=b"r2", wait=10)
+            assert (r1.mode, r2.mode) == ("read", "read") and r2.token > r1.token > 0
+            state = await c1.get_lock(key)
+            assert state.kind == "rwlock"
+            assert sorted((h.session_id, h.read) for h in state.holders) == sorted(
+                [(r1.session_id, True), (r2.session_id, True)])
+
+            queued = asyncio.Event()
+            writer = asyncio.ensure_future(cw.write_lock(key, wait=30, on_queued=lambda q: queued.set()))
+            await asyncio.wait_for(queued.wait(), 10)
+            third = asyncio.ensure_future(c3.read_lock(key, wait=30))
+            assert await still_waiting(third, 1.0), "a reader behind a queued writer was granted"
+            assert not writer.done()
+
+            assert await r1.release() and await r2.release()
+            w = await asyncio.wait_for(writer, 10)
+            assert w.mode == "write" and not w.sequencer.read and w.token > r2.token
+            assert await still_waiting(third, 0.5), "the third reader was granted beside the writer"
+            assert await w.release()
+            async with await asyncio.wait_for(third, 10) as r3:
+                assert r3.mode == "read" and r3.token > w.token
+                async with await c2.lock(plain, wait=10):
+                    before = (await kv_snapshot(cluster, key), await kv_snapshot(cluster, plain))
+                    with pytest.raises(lockbroker.Conflict) as on_rw:
+                        await c2.try_lock(key)
+                    assert on_rw.value.reason == "LIMIT_CONFLICT" and on_rw.value.state.kind == "rwlock"
+                    with pytest.raises(lockbroker.Conflict) as on_lock:
+                        await c1.try_write_lock(plain)
+                    assert on_lock.value.reason == "LIMIT_CONFLICT" and on_lock.value.state.kind == "lock"
+                    assert (await kv_snapshot(cluster, key), await kv_snapshot(cluster, plain)) == before
+    run(main())
+
+
+def test_aio_s9_multi_key_lock(cluster, broker, key, figure):
+    a, b, c, d = (f"{key}/{n}" for n in "abcd")
+
+    async def main():
+        async with aio.Client(broker.addr) as client, aio.Client(broker.addr) as other:
+            first = await client.lock_all([a, b, c], wait=10)
+            assert first.keys == (a, b, c) and len(set(first.tokens)) == 3
+            for k, token in zip(first.keys, first.tokens):
+                assert [(h.session_id, h.token) for h in (await other.get_lock(k)).holders] == [
+                    (first.session_id, token)]
+            assert await other.try_lock(b) is None
+            queued = asyncio.Event()
+            pending = asyncio.ensure_future(other.lock_all([c, d], wait=30, on_queued=lambda q: queued.set()))
+            await asyncio.wait_for(queued.wait(), 10)
+            for _ in range(5):
+                assert not (await client.get_lock(d)).holders, "a waiting multi-key request holds a subset (D)"
+                assert await still_waiting(pending, 0.2)
+            assert await first.release()
+            second = await asyncio.wait_for(pending, 10)
+            assert second.keys == (c, d)
+            t0 = time.monotonic()
+            await asyncio.get_running_loop().run_in_executor(None, cluster.consul.http, "DELETE", f"/v1/kv/{d}")
+            err = await second.wait_lost(5.0)
+            latency = time.monotonic() - t0
+            figure("S9 (aio) loss reported after deleting D", latency)
+            assert err is not None and second.lost_key == d, err
+            assert latency <= 1.0, latency
+            end = time.monotonic() + 5
+            while (await client.get_lock(c)).holders:
+                assert time.monotonic() < end, "C not released after the loss of D"
+                await asyncio.sleep(0.05)
+    run(main())

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
 import uuid
 
 import grpc
@@ -397,3 +398,223 @@ def test_s7_tls_and_token(secure, figure):
             print(f"S7 with {what}: {unavailable.value}")
     with lockbroker.Client(tls.addr, tls=TLS(ca=pki.ca), token=token, timeout=5) as c:
         assert not c.get_lock(key).holders, "nothing was held through a refused connection"
+
+
+# -- S8 -------------------------------------------------------------------
+
+
+class Pending:
+    """A blocking call (e.g. a lock that waits) on a thread of its own, so
+    that every wait on it has a bound."""
+
+    def __init__(self, fn, *args, **kw):
+        self.items = queue.Queue()
+        threading.Thread(target=self._run, args=(fn, args, kw), daemon=True).start()
+
+    def _run(self, fn, args, kw):
+        try:
+            self.items.put(fn(*args, **kw))
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            self.items.put(e)
+
+    def result(self, timeout):
+        """What the call returned (raising what it raised), or None when it
+        has not returned within timeout."""
+        try:
+            got = self.items.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(got, Exception):
+            raise got
+        self.items.put(got)  # a later result() sees it too
+        return got
+
+
+def kv_snapshot(cluster, key):
+    """What Consul has at key and under key/: (Key, ModifyIndex, Flags, Session)."""
+    try:
+        entries = cluster.consul.http("GET", f"/v1/kv/{key}?recurse&consistent") or []
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return []
+        raise
+    return sorted((e["Key"], e["ModifyIndex"], e["Flags"], e.get("Session")) for e in entries)
+
+
+def test_s8_read_write_lock(cluster, broker, client, other, key, figure):
+    plain = key + "-plain"
+    with lockbroker.Client(broker.addr) as third_client, lockbroker.Client(broker.addr) as writer_client:
+        # 1. Two readers hold at once; GetLock shows both, read, kind rwlock.
+        r1 = client.read_lock(key, value=b"r1", wait=10)
+        r2 = other.read_lock(key, value=b"r2", wait=10)
+        assert (r1.mode, r2.mode) == ("read", "read")
+        assert r1.sequencer.kind == "rwlock" and r1.sequencer.read and r2.sequencer.read
+        assert r2.token > r1.token > 0
+        state = client.get_lock(key)
+        assert state.kind == "rwlock"
+        assert sorted((h.session_id, h.read) for h in state.holders) == sorted(
+            [(r1.session_id, True), (r2.session_id, True)])
+
+        # 2. A writer waits; a reader that arrives after it waits too.
+        writer_queued = threading.Event()
+        writer = Pending(writer_client.write_lock, key, value=b"w", wait=30,
+                         on_queued=lambda q: writer_queued.set())
+        assert writer_queued.wait(10), "the writer never said it waits"
+        assert writer.result(0.2) is None, "the writer was granted beside readers"
+        third = Pending(third_client.read_lock, key, value=b"r3", wait=30)
+        t0 = time.monotonic()
+        assert third.result(1.0) is None, "a reader behind a queued writer was granted"
+        figure("S8 third reader still waiting after", time.monotonic() - t0)
+        assert sorted(h.session_id for h in client.get_lock(key).holders) == sorted([r1.session_id, r2.session_id])
+
+        # 3. The readers let go: the writer, then (after it) the third reader.
+        t0 = time.monotonic()
+        assert r1.release() and r2.release()
+        w = writer.result(10)
+        assert w is not None, "the writer was not granted after the readers let go"
+        figure("S8 writer granted after the readers released", time.monotonic() - t0)
+        assert w.mode == "write" and w.sequencer.kind == "rwlock" and not w.sequencer.read
+        assert w.token > max(r1.token, r2.token)
+        assert third.result(0.5) is None, "the third reader was granted beside the writer"
+        state = client.get_lock(key)
+        assert [(h.session_id, h.read) for h in state.holders] == [(w.session_id, False)]
+        assert w.release()
+        r3 = third.result(10)
+        assert r3 is not None, "the third reader was not granted after the writer let go"
+        assert r3.mode == "read" and r3.token > w.token
+        try:
+            # 4. Kind conflicts: a lock on the read-write lock, a read on a lock.
+            with other.lock(plain, value=b"p", wait=10) as lease:
+                before = (kv_snapshot(cluster, key), kv_snapshot(cluster, plain))
+                with pytest.raises(lockbroker.Conflict) as on_rw:
+                    other.try_lock(key)
+                assert on_rw.value.reason == "LIMIT_CONFLICT", on_rw.value
+                assert on_rw.value.state is not None and on_rw.value.state.kind == "rwlock", on_rw.value
+                assert "read-write lock" in on_rw.value.message, on_rw.value
+                with pytest.raises(lockbroker.Conflict) as on_lock:
+                    client.try_read_lock(plain)
+                assert on_lock.value.reason == "LIMIT_CONFLICT", on_lock.value
+                assert on_lock.value.state is not None and on_lock.value.state.kind == "lock", on_lock.value
+                assert "a lock" in on_lock.value.message, on_lock.value
+                assert (kv_snapshot(cluster, key), kv_snapshot(cluster, plain)) == before
+                assert not lease.lost.is_set() and not r3.lost.is_set()
+        finally:
+            r3.release()
+
+
+# -- S9 -------------------------------------------------------------------
+
+
+def test_s9_multi_key_lock(cluster, broker, client, other, key, figure):
+    a, b, c, d = (f"{key}/{n}" for n in "abcd")
+    # 1. A, B and C as one: one session, one token per key in order.
+    first = client.lock_all([a, b, c], value=b"abc", wait=10)
+    try:
+        assert first.keys == (a, b, c) and len(first.tokens) == 3 and all(t > 0 for t in first.tokens)
+        assert [s.key for s in first.sequencers] == [a, b, c]
+        assert {s.session_id for s in first.sequencers} == {first.session_id}
+        assert (first.key, first.token) == (a, first.tokens[0])
+        for k, token in zip(first.keys, first.tokens):
+            assert [(h.session_id, h.token) for h in other.get_lock(k).holders] == [(first.session_id, token)], k
+
+        # 2. B is busy for a second client; its C and D wait, holding neither.
+        assert other.try_lock(b) is None
+        with pytest.raises(lockbroker.LockHeld) as busy:
+            other.lock(b, wait=0)
+        assert first.session_id in [h.session_id for h in busy.value.holders]
+        queued = threading.Event()
+        second_pending = Pending(other.lock_all, [c, d], value=b"cd", wait=30, on_queued=lambda q: queued.set())
+        assert queued.wait(10), "the second multi-key request never said it waits"
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            assert not client.get_lock(d).holders, "a waiting multi-key request holds a subset (D)"
+            assert second_pending.result(0.1) is None, "granted C and D while C is held"
+    finally:
+        t0 = time.monotonic()
+        assert first.release() is True
+
+    # 3. The first lets go: the second gets C and D together.
+    second = second_pending.result(10)
+    assert second is not None, "the waiting multi-key request was not granted"
+    figure("S9 waiting multi-key request granted after the release", time.monotonic() - t0)
+    try:
+        assert second.keys == (c, d) and second.tokens[0] > first.tokens[2]
+        for k, token in zip(second.keys, second.tokens):
+            assert [(h.session_id, h.token) for h in client.get_lock(k).holders] == [(second.session_id, token)], k
+        for k in (a, b):
+            assert not client.get_lock(k).holders, k
+
+        # 4. D deleted behind the broker's back: lost within 1 s naming D,
+        # and C is released.
+        lost_at = []
+        second.on_lost(lambda err: lost_at.append(time.monotonic()))
+        t0 = time.monotonic()
+        cluster.consul.http("DELETE", f"/v1/kv/{d}")
+        assert second.lost.wait(5.0), "loss not reported within 5s"
+        latency = wait_for(lambda: lost_at, 1.0, "on_lost callback")[0] - t0
+        figure("S9 loss reported after deleting D", latency)
+        assert second.lost_key == d and second.error.key == d, second.error
+        assert latency <= 1.0, f"loss reported after {latency:.3f}s (promise: 1s)"
+        wait_for(lambda: not client.get_lock(c).holders, 5.0, "C released after the loss of D")
+        with pytest.raises(lockbroker.LockLost):
+            second.check()
+    finally:
+        second.release()
+
+
+# -- S10 ------------------------------------------------------------------
+
+
+def python_hold(addr, key, *args):
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "client", "python"))
+    return CLI(["/usr/bin/python3", "-m", "lockbroker.conformance", "hold", "--target", addr, "--key", key, *args],
+               env=env)
+
+
+def test_s10_read_write_across_processes(broker, key, figure):
+    """S10 is the Go runner's, with every language's CLI at once; here the
+    Python CLI's side of it, in processes of their own: readers and writers
+    on one key, from the printed `t` of their lines no writer beside anyone
+    and readers that share; a multi-key hold prints one token per key."""
+    clis = []
+    try:
+        readers = [python_hold(broker.addr, key, "--mode", "read", "--seconds", "2") for _ in range(2)]
+        clis += readers
+        for r in readers:
+            r.wait("acquired", 20)
+        for mode, seconds in (("write", "1"), ("read", "1.5"), ("write", "1"), ("read", "1.5"), ("read", "1.5")):
+            clis.append(python_hold(broker.addr, key, "--mode", mode, "--seconds", seconds))
+            time.sleep(0.3)  # arrival order: the broker serves them in it
+        for cli in clis:
+            cli.wait("released", 40)
+        multi = python_hold(broker.addr, key + "-a", "--also", key + "-b", "--also", key + "-c", "--seconds", "0.2")
+        clis.append(multi)
+        got = multi.wait("acquired", 20)
+        multi.wait("released", 20)
+    finally:
+        for cli in clis:
+            cli.stop()
+    assert got["mode"] == "lock" and got["keys"] == [key + "-a", key + "-b", key + "-c"]
+    assert len(got["tokens"]) == 3 and got["tokens"][0] == got["token"]
+
+    holds = []
+    for cli in clis[:-1]:
+        acq, rel = cli.wait("acquired", 1), cli.wait("released", 1)
+        holds.append((acq["t"], rel["t"], acq["mode"], acq["token"]))
+    holds.sort()
+    assert [m for _, _, m, _ in holds].count("write") == 2
+    for i, (s1, e1, m1, _) in enumerate(holds):
+        for s2, e2, m2, _ in holds[i + 1:]:
+            if "write" in (m1, m2):
+                assert e1 <= s2 or e2 <= s1, f"a writer's hold overlaps another's: {holds}"
+    shared = [(h1, h2) for i, h1 in enumerate(holds) for h2 in holds[i + 1:]
+              if h1[2] == h2[2] == "read" and h1[0] < h2[1] and h2[0] < h1[1]]
+    assert shared, f"no two readers held at once: {holds}"
+    writer_tokens = [tok for _, _, m, tok in holds if m == "write"]
+    assert writer_tokens == sorted(writer_tokens) and len(set(writer_tokens)) == 2
+    tokens = [tok for _, _, _, tok in holds]
+    for (s1, _, m1, t1), (s2, _, m2, t2) in zip(holds, holds[1:]):
+        if "write" in (m1, m2):
+            assert t2 > t1, f"a grant after a writer (or a writer) has no larger token: {holds}"
+    figure("S10 (Python CLIs) holds, readers sharing", f"{len(holds)}, {len(shared)} pairs", "")
+    assert len(tokens) == 7
