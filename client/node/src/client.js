@@ -282,17 +282,12 @@ export class Client {
 
   /** Waits until it holds the lock `key`; resolves to the Lease. */
   async lock(key, opts = {}) {
-    return this._acquire(buildRequest(key, opts, 0, false), opts);
+    return this._acquire(buildRequest(key, opts, 0, AcquireKind.LOCK), opts);
   }
 
   /** lock() with wait 0: the Lease, or null when the key is busy. */
   async tryLock(key, opts = {}) {
-    try {
-      return await this.lock(key, { ...opts, wait: 0 });
-    } catch (e) {
-      if (e instanceof LockHeldError || e instanceof LockDelayError) return null;
-      throw e;
-    }
+    return busyIsNull(this.lock(key, { ...opts, wait: 0 }));
   }
 
   /** Waits for one of `limit` slots of the semaphore at `prefix`. */
@@ -300,17 +295,57 @@ export class Client {
     if (!Number.isInteger(limit) || limit < 1) {
       throw new InvalidArgumentError(`semaphore limit must be a positive integer, not ${limit}`);
     }
-    return this._acquire(buildRequest(prefix, opts, limit, true), opts);
+    return this._acquire(buildRequest(prefix, opts, limit, AcquireKind.SEMAPHORE), opts);
   }
 
   /** semaphore() with wait 0: the Lease, or null when every slot is taken. */
   async trySemaphore(prefix, limit, opts = {}) {
-    try {
-      return await this.semaphore(prefix, limit, { ...opts, wait: 0 });
-    } catch (e) {
-      if (e instanceof LockHeldError || e instanceof LockDelayError) return null;
-      throw e;
-    }
+    return busyIsNull(this.semaphore(prefix, limit, { ...opts, wait: 0 }));
+  }
+
+  /**
+   * Waits until it holds a read (shared) hold of the read-write lock `key`:
+   * many readers at once, never beside a writer. Readers and writers are
+   * served in arrival order, so a reader behind a waiting writer waits.
+   */
+  async readLock(key, opts = {}) {
+    return this._acquire(buildRequest(key, opts, 0, AcquireKind.READ), opts);
+  }
+
+  /**
+   * Waits until it holds the write (exclusive) hold of the read-write lock
+   * `key`: no reader or other writer beside it; its token is above every
+   * token granted on the key before it.
+   */
+  async writeLock(key, opts = {}) {
+    return this._acquire(buildRequest(key, opts, 0, AcquireKind.WRITE), opts);
+  }
+
+  /** readLock() with wait 0: the Lease, or null when a writer holds or waits for the key. */
+  async tryReadLock(key, opts = {}) {
+    return busyIsNull(this.readLock(key, { ...opts, wait: 0 }));
+  }
+
+  /** writeLock() with wait 0: the Lease, or null when anyone holds the key. */
+  async tryWriteLock(key, opts = {}) {
+    return busyIsNull(this.writeLock(key, { ...opts, wait: 0 }));
+  }
+
+  /**
+   * Waits until it holds every lock of `keys` (1 to 64 lock keys) at once,
+   * all or nothing, with one session: the broker takes them in one Consul
+   * transaction and never holds a subset. The Lease has one sequencer
+   * (and token) per key, in the order of `keys`; losing any key ends the
+   * whole hold (`lease.lostKey` names it) and releases the rest.
+   */
+  async lockAll(keys, opts = {}) {
+    const [first, rest] = multiKeys(keys);
+    return this._acquire(buildRequest(first, opts, 0, AcquireKind.LOCK, rest), opts);
+  }
+
+  /** lockAll() with wait 0: the Lease, or null when any of the keys is busy. */
+  async tryLockAll(keys, opts = {}) {
+    return busyIsNull(this.lockAll(keys, { ...opts, wait: 0 }));
   }
 
   async _acquire(req, { wait, signal, onQueued } = {}) {
@@ -420,13 +455,25 @@ export class Client {
       }
       stallAt = this._waitStallAt(t, heartbeat);
       if (ev.case === "acquired") {
-        const seq = sequencerFromProto(ev.value.sequencer);
+        const seq = sequencerFromProto(ev.value.sequencer ?? {});
+        const seqs = ev.value.sequencers.map(sequencerFromProto);
         if (req.kind === AcquireKind.SEMAPHORE && seq.kind !== "semaphore") {
           throw new UnimplementedError(
             `the broker granted a ${seq.kind} for a semaphore request on ${seq.key}: it does not support AcquireRequest.kind (one-slot semaphores)`,
           );
         }
-        const lease = new Lease(this, i, req, seq, reader, t + durationMs(ev.value.guaranteedFor));
+        if ((req.kind === AcquireKind.READ || req.kind === AcquireKind.WRITE) && (seq.kind !== "rwlock" || seq.read !== (req.kind === AcquireKind.READ))) {
+          throw new UnimplementedError(
+            `the broker granted a ${seq.kind}${seq.read ? " read hold" : ""} for a ${AcquireKind[req.kind].toLowerCase()} request on ${seq.key}: it does not support read-write locks`,
+          );
+        }
+        const want = [req.key, ...req.keys];
+        if (req.keys.length > 0 && (seqs.length !== want.length || seqs.some((s, j) => s.key !== want[j] || s.sessionId !== seq.sessionId))) {
+          throw new UnimplementedError(
+            `the broker granted ${seqs.length} sequencer(s) for a multi-key request of ${want.length} keys: it does not support multi-key locks (AcquireRequest.keys)`,
+          );
+        }
+        const lease = new Lease(this, i, req, seq, reader, t + durationMs(ev.value.guaranteedFor), seqs.length > 0 ? seqs : [seq]);
         this._leases.add(lease);
         return lease;
       }
@@ -584,6 +631,32 @@ export class Client {
   }
 }
 
+// The lease a try* call got, or null when the key was busy.
+async function busyIsNull(promise) {
+  try {
+    return await promise;
+  } catch (e) {
+    if (e instanceof LockHeldError || e instanceof LockDelayError) return null;
+    throw e;
+  }
+}
+
+/** The most keys one multi-key lock takes (AcquireRequest.key and 63 `keys`). */
+const MAX_KEYS = 64;
+
+// lockAll's keys as [the first, the others] for buildRequest, or
+// InvalidArgumentError naming `keys`. The broker checks each key, and that
+// they differ.
+function multiKeys(keys) {
+  const bad = (why) => new InvalidArgumentError(`keys: ${why}`, { fieldViolations: [{ field: "keys", description: why }] });
+  if (!Array.isArray(keys)) throw bad(`must be an array of lock keys, not ${typeof keys}`);
+  if (keys.length === 0) throw bad("at least one key is required");
+  if (keys.length > MAX_KEYS) throw bad(`at most ${MAX_KEYS} keys, not ${keys.length}`);
+  const i = keys.findIndex((k) => typeof k !== "string");
+  if (i >= 0) throw bad(`keys[${i}] must be a string, not ${typeof keys[i]}`);
+  return [keys[0], keys.slice(1)];
+}
+
 function isBusy(err) {
   return err instanceof LockHeldError || err instanceof LockDelayError || err instanceof WaitTimeoutError;
 }
@@ -599,13 +672,14 @@ function tlsOptions(tls) {
   return out;
 }
 
-function buildRequest(key, opts, limit, semaphore) {
+function buildRequest(key, opts, limit, kind, keys = []) {
   return create(AcquireRequestSchema, {
     key,
+    keys,
     value: asBytes(opts.value),
     limit,
     fair: Boolean(opts.fair),
-    kind: semaphore ? AcquireKind.SEMAPHORE : AcquireKind.LOCK,
+    kind,
     waitTimeout: duration(opts.wait, "wait"),
     session: { case: "newSession", value: sessionOptions(opts) },
   });
@@ -627,19 +701,22 @@ function sleep(ms, signal) {
 }
 
 /**
- * A held lock or semaphore slot. The broker keeps it alive while the lease
- * is open; the lease watches the guaranteed deadline, moves the hold to
- * another replica when its replica goes away, and reports a loss (signal
- * aborted, onLost callbacks, check() throws) before the deadline when it
- * cannot.
+ * A held lock, semaphore slot, read or write hold of a read-write lock, or
+ * multi-key lock. The broker keeps it alive while the lease is open; the
+ * lease watches the guaranteed deadline, moves the hold to another replica
+ * when its replica goes away (the same request, kind and keys, resuming
+ * the first key's sequencer), and reports a loss (signal aborted, onLost
+ * callbacks, check() throws) before the deadline when it cannot.
  */
 export class Lease {
-  constructor(client, replica, req, seq, reader, deadline) {
+  constructor(client, replica, req, seq, reader, deadline, seqs = [seq]) {
     this._client = client;
     this._req = req;
     this.key = req.key;
     this.value = req.value;
     this.sequencer = seq;
+    /** One sequencer per key, in the request's order (`[sequencer]` for one key). */
+    this.sequencers = Object.freeze([...seqs]);
     this._replica = replica;
     this._reader = reader;
     this._deadline = deadline;
@@ -661,6 +738,27 @@ export class Lease {
 
   get sessionId() {
     return this.sequencer.sessionId;
+  }
+
+  /** The keys held, in the request's order (`[key]` for one key). */
+  get keys() {
+    return this.sequencers.map((s) => s.key);
+  }
+
+  /** One fencing token (bigint) per key, in the order of `keys`. */
+  get tokens() {
+    return this.sequencers.map((s) => s.token);
+  }
+
+  /** "read" or "write" for a read-write lock's hold, else the sequencer's kind ("lock", "semaphore"). */
+  get mode() {
+    const s = this.sequencer;
+    return s.kind === "rwlock" ? (s.read ? "read" : "write") : s.kind;
+  }
+
+  /** After a loss, the key whose loss ended the hold when the broker named one (undefined otherwise). */
+  get lostKey() {
+    return this._error?.key;
   }
 
   /** Until when the hold is guaranteed, as of the broker's last word (epoch ms). */
@@ -840,7 +938,7 @@ export class Lease {
           if (ev.value.guaranteedFor) this._deadline = Math.min(this._deadline, t + durationMs(ev.value.guaranteedFor));
           return undefined;
         }
-        return new LockLostError(reason, ev.value.detail);
+        return new LockLostError(reason, ev.value.detail, ev.value.key);
       }
     }
   }
@@ -913,12 +1011,17 @@ export class Lease {
       const ev = msg.event;
       if (ev.case === "acquired") {
         const seq = ev.value.sequencer;
-        if (seq.token !== this.token || seq.sessionId !== this.sessionId) {
-          return new LockLostError("RESUME_REFUSED", `resume returned another grant (token ${seq.token})`);
+        if (seq?.token !== this.token || seq?.sessionId !== this.sessionId) {
+          return new LockLostError("RESUME_REFUSED", `resume returned another grant (token ${seq?.token})`);
+        }
+        // A multi-key hold: when the broker lists the keys, each is the same grant.
+        const seqs = ev.value.sequencers;
+        if (seqs.length > 0 && (seqs.length !== this.sequencers.length || seqs.some((s, j) => s.key !== this.sequencers[j].key || s.token !== this.sequencers[j].token))) {
+          return new LockLostError("RESUME_REFUSED", `resume returned other grants of the keys (tokens ${seqs.map((s) => s.token).join(", ")})`);
         }
         return t + durationMs(ev.value.guaranteedFor);
       }
-      if (ev.case === "lost") return new LockLostError(lostReasonName(ev.value.reason), ev.value.detail);
+      if (ev.case === "lost") return new LockLostError(lostReasonName(ev.value.reason), ev.value.detail, ev.value.key);
     }
   }
 

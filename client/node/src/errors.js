@@ -52,7 +52,13 @@ export class LockDelayError extends BusyError {}
 export class WaitTimeoutError extends BusyError {}
 /** A request field is bad (INVALID_ARGUMENT); see fieldViolations. */
 export class InvalidArgumentError extends LockbrokerError {}
-/** Foreign flags, a different semaphore limit, a malformed semaphore (FAILED_PRECONDITION). */
+/**
+ * Foreign flags, a different semaphore limit, a malformed semaphore, or a
+ * key of another kind than asked for (FAILED_PRECONDITION). A kind conflict
+ * (a lock asked for on a read-write lock, a read or write hold on a lock or
+ * semaphore, ...) has reason LIMIT_CONFLICT; its message names the kind
+ * found, and `state.kind` is that kind when the broker sent the key's state.
+ */
 export class ConflictError extends LockbrokerError {}
 /** The session does not hold the key, or the grant is no longer current (NOT_HOLDER). */
 export class NotHolderError extends LockbrokerError {}
@@ -91,12 +97,16 @@ export class InternalError extends LockbrokerError {}
  * LIMIT_CONFLICT, RESUMED_ELSEWHERE) or one the client decides:
  * KEEPALIVE_TIMEOUT (no keepalive from any replica before the guaranteed
  * deadline), RESUME_REFUSED (a replica refused to resume the hold), RELEASED
- * (a Release call from elsewhere ended the hold).
+ * (a Release call from elsewhere ended the hold). `key` is the key whose
+ * loss ended the hold when the broker named one (AcquireLost.key: for a
+ * multi-key lock, the key lost first; the broker released the others),
+ * else undefined.
  */
 export class LockLostError extends LockbrokerError {
-  constructor(reason, detail = "") {
-    super(`lock lost: ${reason}${detail ? `: ${detail}` : ""}`, { reason });
+  constructor(reason, detail = "", key = undefined) {
+    super(`lock lost: ${reason}${key ? ` (key ${key})` : ""}${detail ? `: ${detail}` : ""}`, { reason });
     this.detail = detail;
+    this.key = key || undefined;
   }
 }
 

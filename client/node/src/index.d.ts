@@ -4,8 +4,8 @@
 // in every lockbroker library; timeoutMs options are milliseconds, as in
 // Node. Fencing tokens and indexes are bigint (uint64 on the wire).
 
-/** The kind of a key: nothing there, a lock, a semaphore, someone else's data. */
-export type LockKind = "none" | "lock" | "semaphore" | "foreign" | "unspecified";
+/** The kind of a key: nothing there, a lock, a semaphore, a read-write lock, someone else's data. */
+export type LockKind = "none" | "lock" | "semaphore" | "rwlock" | "foreign" | "unspecified";
 
 /** One grant of a lock or semaphore slot (Chubby's sequencer). Pass `token` to the resources you protect. */
 export interface Sequencer {
@@ -15,6 +15,8 @@ export interface Sequencer {
   /** Fencing token: strictly increases with every new grant of the key. */
   readonly token: bigint;
   readonly kind: LockKind;
+  /** A read-write lock's grant (kind "rwlock"): true for a read hold, false for the write hold. */
+  readonly read: boolean;
 }
 
 /** A current holder of a key. */
@@ -24,6 +26,8 @@ export interface Holder {
   readonly token: bigint;
   readonly lockIndex: bigint;
   readonly sessionName: string;
+  /** A read-write lock's holder: true for a reader, false for the writer. */
+  readonly read: boolean;
 }
 
 /** The state of a key. `holders` empty (and `holder` null) means nobody holds it: an explicit state. */
@@ -159,6 +163,32 @@ export declare class Client {
   semaphore(prefix: string, limit: number, options?: SemaphoreOptions): Promise<Lease>;
   /** semaphore() with wait 0: the Lease, or null when every slot is taken. */
   trySemaphore(prefix: string, limit: number, options?: Omit<SemaphoreOptions, "wait">): Promise<Lease | null>;
+  /**
+   * Waits for a read (shared) hold of the read-write lock `key`: many readers
+   * at once, never beside a writer. Waiters are served in arrival order: a
+   * reader behind a waiting writer waits. A key of another kind (a lock, a
+   * semaphore) rejects with ConflictError, reason "LIMIT_CONFLICT".
+   */
+  readLock(key: string, options?: LockOptions): Promise<Lease>;
+  /**
+   * Waits for the write (exclusive) hold of the read-write lock `key`: no
+   * reader or other writer beside it; its token is above every token granted
+   * on the key before it.
+   */
+  writeLock(key: string, options?: LockOptions): Promise<Lease>;
+  /** readLock() with wait 0: the Lease, or null when the key is busy (a writer holds it or waits). */
+  tryReadLock(key: string, options?: Omit<LockOptions, "wait">): Promise<Lease | null>;
+  /** writeLock() with wait 0: the Lease, or null when anyone holds the key. */
+  tryWriteLock(key: string, options?: Omit<LockOptions, "wait">): Promise<Lease | null>;
+  /**
+   * Waits until it holds every lock of `keys` (1 to 64) at once, all or
+   * nothing, with one session: the broker never holds a subset. The Lease
+   * has one sequencer and token per key, in the order of `keys`; losing any
+   * key ends the whole hold (`lostKey` names it) and releases the others.
+   */
+  lockAll(keys: readonly string[], options?: LockOptions): Promise<Lease>;
+  /** lockAll() with wait 0: the Lease, or null when any of the keys is busy. */
+  tryLockAll(keys: readonly string[], options?: Omit<LockOptions, "wait">): Promise<Lease | null>;
   /** The state of `key` now, read consistently. */
   getLock(key: string, options?: { signal?: AbortSignal }): Promise<State>;
   /** Whether `sequencer` is still the current grant of its key. */
@@ -191,16 +221,29 @@ export declare class Client {
 }
 
 /**
- * A held lock or semaphore slot. The lease watches the deadline the broker
- * guarantees, moves the hold to another replica when its replica goes away,
- * and reports a loss before the deadline when it cannot. A lease can be
- * lost at any moment: pass `token` to what you protect.
+ * A held lock, semaphore slot, read or write hold, or multi-key lock. The
+ * lease watches the deadline the broker guarantees, moves the hold to
+ * another replica when its replica goes away (same kind and keys, same
+ * tokens), and reports a loss before the deadline when it cannot. A lease
+ * can be lost at any moment: pass `token` (`tokens`) to what you protect.
  */
 export declare class Lease {
+  /** The key (for a multi-key lock, the first of `keys`). */
   readonly key: string;
   readonly value: Uint8Array;
+  /** The grant of `key`. */
   readonly sequencer: Sequencer;
-  /** The fencing token of this grant. */
+  /** One sequencer per key, in the request's order (`[sequencer]` for one key). */
+  readonly sequencers: readonly Sequencer[];
+  /** The keys held, in the request's order (`[key]` for one key). */
+  readonly keys: readonly string[];
+  /** One fencing token per key, in the order of `keys`. */
+  readonly tokens: readonly bigint[];
+  /** "read" or "write" for a read-write lock's hold; "lock" or "semaphore" otherwise. */
+  readonly mode: "read" | "write" | "lock" | "semaphore" | LockKind;
+  /** After a loss, the key whose loss ended the hold, when the broker named one. */
+  readonly lostKey: string | undefined;
+  /** The fencing token of this grant (of `key`). */
   readonly token: bigint;
   readonly sessionId: string;
   /** Until when the hold is guaranteed, as of the broker's last word (epoch ms, comparable with Date.now()). */
@@ -282,6 +325,12 @@ export declare class LockHeldError extends BusyError {}
 export declare class LockDelayError extends BusyError {}
 export declare class WaitTimeoutError extends BusyError {}
 export declare class InvalidArgumentError extends LockbrokerError {}
+/**
+ * FAILED_PRECONDITION: foreign flags, another semaphore limit, a malformed
+ * semaphore, or a key of another kind than asked for (reason
+ * "LIMIT_CONFLICT"; the message names the kind found, as `state.kind` does
+ * when the broker sent the key's state).
+ */
 export declare class ConflictError extends LockbrokerError {}
 export declare class NotHolderError extends LockbrokerError {}
 export declare class NotLeaderError extends NotHolderError {}
@@ -305,9 +354,11 @@ export declare class InternalError extends LockbrokerError {}
  * the client).
  */
 export declare class LockLostError extends LockbrokerError {
-  constructor(reason: string, detail?: string);
+  constructor(reason: string, detail?: string, key?: string);
   readonly reason: string;
   readonly detail: string;
+  /** The key whose loss ended the hold (AcquireLost.key; for a multi-key lock the key lost first), when the broker named one. */
+  readonly key: string | undefined;
 }
 
 /** The LockbrokerError for any error a call threw (a ConnectError or other). */

@@ -10,6 +10,7 @@ const KIND_NAMES = {
   [LockKind.LOCK]: "lock",
   [LockKind.SEMAPHORE]: "semaphore",
   [LockKind.FOREIGN]: "foreign",
+  [LockKind.RWLOCK]: "rwlock",
 };
 const KIND_VALUES = Object.fromEntries(Object.entries(KIND_NAMES).map(([v, k]) => [k, Number(v)]));
 
@@ -25,6 +26,7 @@ export function sequencerFromProto(p) {
     lockIndex: p.lockIndex,
     token: p.token,
     kind: kindName(p.kind),
+    read: p.read,
   });
 }
 
@@ -35,6 +37,7 @@ export function sequencerToProto(s) {
     lockIndex: BigInt(s.lockIndex ?? 0),
     token: BigInt(s.token),
     kind: KIND_VALUES[s.kind] ?? 0,
+    read: Boolean(s.read),
   });
 }
 
@@ -45,6 +48,7 @@ export function holderFromProto(p) {
     token: p.token,
     lockIndex: p.lockIndex,
     sessionName: p.sessionName,
+    read: p.read,
   });
 }
 

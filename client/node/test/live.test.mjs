@@ -577,3 +577,104 @@ test("a moved wait whose place is gone waits anew", () =>
       await b.stop();
     }
   }));
+
+// Read-write and multi-key locks (issue 43): what S8 and S9 of the
+// conformance scenarios leave out.
+
+test("readLock/writeLock signal: an aborted waiting writer leaves the queue, and a later reader shares with the readers", () =>
+  using(async (make) => {
+    const c = make();
+    const k = key("rw-abort");
+    const r1 = await c.readLock(k);
+    const ac = new AbortController();
+    let queued = false;
+    const writer = c.writeLock(k, { signal: ac.signal, onQueued: () => (queued = true) });
+    await waitFor(() => queued, 5000, "the writer queued");
+    ac.abort(new Error("writer gave up"));
+    await assert.rejects(writer, /writer gave up/);
+    // With the writer gone, a reader is no longer behind anyone.
+    const r2 = await c.readLock(k, { wait: 5 });
+    assert.ok(r2.token > r1.token);
+    assert.deepEqual((await c.getLock(k)).holders.map((h) => h.sessionId).sort(), [r1.sessionId, r2.sessionId].sort());
+    assert.equal(await c.tryWriteLock(k), null);
+    await r1.release();
+    await r2.release();
+    const w = await c.tryWriteLock(k);
+    assert.ok(w, "a free read-write lock refused a try write lock");
+    assert.ok(w.token > r2.token);
+    await w.release();
+  }));
+
+test("lockAll signal: an aborted multi-key wait holds no key, and the free key is takeable", () =>
+  using(async (make) => {
+    const c = make();
+    const base = key("multi-abort");
+    const [ka, kb] = [`${base}-a`, `${base}-b`];
+    const holder = await c.lock(kb);
+    const ac = new AbortController();
+    let queued = false;
+    const waiting = c.lockAll([ka, kb], { signal: ac.signal, onQueued: () => (queued = true) });
+    await waitFor(() => queued, 5000, "the multi-key request queued");
+    assert.deepEqual((await c.getLock(ka)).holders, [], "a waiting multi-key request holds a subset");
+    ac.abort(new Error("gave up"));
+    await assert.rejects(waiting, /gave up/);
+    const a = await c.tryLock(ka);
+    assert.ok(a, "the key the aborted request did not get is not free");
+    await a.release();
+    await holder.release();
+    const both = await c.tryLockAll([ka, kb]);
+    assert.ok(both, "two free keys refused to a try multi-key lock");
+    assert.deepEqual(both.keys, [ka, kb]);
+    await both.release();
+    for (const k of [ka, kb]) assert.deepEqual((await c.getLock(k)).holders, [], k);
+  }));
+
+test("lockAll: bad keys are INVALID_ARGUMENT naming keys, and nothing is held", () =>
+  using(async (make) => {
+    const c = make();
+    const k = key("multi-bad");
+    for (const keys of [[k, k], [k, "/abs"], [k, ""]]) {
+      await assert.rejects(c.lockAll(keys, { wait: 0 }), (e) => {
+        assert.equal(e.codeName, "InvalidArgument", `${JSON.stringify(keys)}: ${e.name}: ${e.message}`);
+        assert.match(e.message, /keys/, e.message);
+        return true;
+      });
+      assert.deepEqual((await c.getLock(k)).holders, []);
+    }
+  }));
+
+test("rolling restart: a read hold and a multi-key hold move to the next replica with their kind, keys and tokens", () =>
+  using(async (make) => {
+    const a = await cluster.broker("rw-term-a");
+    const b = await cluster.broker("rw-term-b");
+    try {
+      const c = make(a.addr, { targets: [b.addr] });
+      const base = key("rw-term");
+      const reader = await c.readLock(`${base}-rw`, { ttl: 10 });
+      const multi = await c.lockAll([`${base}-a`, `${base}-b`], { ttl: 10 });
+      const tokens = multi.tokens;
+      a.signal("SIGTERM");
+      await waitFor(() => reader.target === b.addr && multi.target === b.addr, 8000, "both resumed on B");
+      assert.equal(reader.lost, false, reader.error?.message);
+      assert.equal(multi.lost, false, multi.error?.message);
+      const obs = make(b.addr);
+      const st = await obs.getLock(reader.key);
+      assert.equal(st.kind, "rwlock");
+      assert.deepEqual(st.holders.map((h) => [h.sessionId, h.token, h.read]), [[reader.sessionId, reader.token, true]]);
+      // Still a read hold: another reader shares it, a writer waits.
+      const r2 = await obs.tryReadLock(reader.key);
+      assert.ok(r2, "a second reader was refused beside the resumed read hold");
+      assert.equal(await obs.tryWriteLock(reader.key), null);
+      await r2.release();
+      assert.deepEqual(multi.tokens, tokens);
+      for (const [j, k] of multi.keys.entries()) {
+        assert.deepEqual((await obs.getLock(k)).holders.map((h) => [h.sessionId, h.token]), [[multi.sessionId, tokens[j]]], k);
+      }
+      assert.equal(await reader.release(), true);
+      assert.equal(await multi.release(), true);
+      for (const k of multi.keys) assert.deepEqual((await obs.getLock(k)).holders, [], k);
+    } finally {
+      await a.stop();
+      await b.stop();
+    }
+  }));

@@ -3,12 +3,14 @@
 
 import {
   Client,
+  ConflictError,
   LockHeldError,
   LockLostError,
   SNAPSHOT_COMPLETE,
   type Holder,
   type Lease,
   type Queued,
+  type Sequencer,
   type State,
 } from "@lockbroker/client";
 
@@ -54,6 +56,32 @@ export async function example(): Promise<bigint> {
     await client.lock("k", { wait: 0 });
   } catch (e) {
     if (e instanceof LockHeldError) console.log(e.holders.map((h) => h.sessionId), e.reason, e.retryAfter);
+  }
+  {
+    await using reader = await client.readLock("rw/k", { signal: AbortSignal.timeout(1000) });
+    const read: boolean = reader.sequencer.read;
+    const mode: string = reader.mode;
+    void read, mode;
+  }
+  const writer: Lease | null = await client.tryWriteLock("rw/k");
+  await writer?.release();
+  const r2: Lease | null = await client.tryReadLock("rw/k", { value: "r" });
+  await r2?.release();
+  await (await client.writeLock("rw/k", { wait: 5 })).release();
+  {
+    await using all = await client.lockAll(["a", "b", "c"], { signal: AbortSignal.timeout(1000) });
+    const tokens: readonly bigint[] = all.tokens;
+    const keys: readonly string[] = all.keys;
+    const seqs: readonly Sequencer[] = all.sequencers;
+    all.signal.addEventListener("abort", () => console.log(all.lostKey, (all.signal.reason as LockLostError).key));
+    void tokens, keys, seqs;
+  }
+  const none: Lease | null = await client.tryLockAll(["a", "b"]);
+  void none;
+  try {
+    await client.tryReadLock("plain");
+  } catch (e) {
+    if (e instanceof ConflictError && e.reason === "LIMIT_CONFLICT") console.log(e.state?.kind, e.holders.map((h: Holder) => h.read));
   }
   const seq = await client.tryAcquire("k", "00000000-0000-0000-0000-000000000000");
   await client.close();

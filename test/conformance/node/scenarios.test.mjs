@@ -18,6 +18,7 @@ import { createHash, randomBytes, randomUUID } from "node:crypto";
 import {
   CancelledError,
   Client,
+  ConflictError,
   LockHeldError,
   LockLostError,
   PermissionDeniedError,
@@ -476,3 +477,289 @@ scenario("S7", "TLS and token options", async () => {
     await s.stop();
   }
 });
+
+// n clients on the shared replica, closed whatever happens.
+async function withN(n, fn) {
+  const clients = Array.from({ length: n }, () => new Client(shared.addr));
+  try {
+    await fn(...clients);
+  } finally {
+    await Promise.all(clients.map((c) => c.close()));
+  }
+}
+
+// A lease promise still pending: its outcome lands in `out` when it settles.
+function pending(promise) {
+  const out = { settled: false, lease: undefined, error: undefined, promise };
+  promise.then(
+    (l) => Object.assign(out, { settled: true, lease: l }),
+    (e) => Object.assign(out, { settled: true, error: e }),
+  );
+  return out;
+}
+
+// A lock request that reports its first `queued` (it has a place in the
+// key's queue), so that the next one arrives after it.
+function queuedRequest(take) {
+  let heard;
+  const queued = new Promise((r) => (heard = r));
+  const p = pending(take({ onQueued: () => heard() }));
+  p.queued = Promise.race([queued, p.promise.then(() => {}, () => {})]);
+  return p;
+}
+
+// The Consul entries of key k and under k/ (its queue's tickets), as
+// Consul reports them; [] when there are none.
+async function kvEntries(k) {
+  const resp = await fetch(`http://${cluster.consul.addr}/v1/kv/${k}?recurse&consistent`, { signal: AbortSignal.timeout(10_000) });
+  if (resp.status === 404) return [];
+  assert.ok(resp.ok, `Consul GET ${k}: ${resp.status}`);
+  return (await resp.json())
+    .filter((e) => e.Key === k || e.Key.startsWith(`${k}/`))
+    .map((e) => ({ Key: e.Key, ModifyIndex: e.ModifyIndex, Flags: e.Flags, Session: e.Session ?? "", Value: e.Value }));
+}
+
+const max = (...xs) => xs.reduce((a, b) => (a > b ? a : b));
+
+scenario("S8", "read-write lock: shared readers, arrival order, tokens", () =>
+  withN(5, async (a, b, c, d, e) => {
+    const k = key("s8");
+    const l = key("s8-plain");
+    const leases = [];
+    const writer = { lease: undefined };
+    try {
+      // 1. Two readers hold at once; GetLock shows RWLOCK with both as readers.
+      const r1 = await a.readLock(k, { value: "r1", wait: 10 });
+      leases.push(r1);
+      const r2 = await b.readLock(k, { value: "r2", wait: 10 });
+      leases.push(r2);
+      assert.equal(r1.mode, "read");
+      assert.equal(r1.sequencer.kind, "rwlock");
+      assert.equal(r1.sequencer.read, true);
+      assert.equal(r1.lost || r2.lost, false);
+      assert.ok(r2.token > r1.token, `second reader's token ${r2.token} not above the first's ${r1.token}`);
+      const st = await e.getLock(k);
+      assert.equal(st.kind, "rwlock");
+      assert.deepEqual(
+        st.holders.map((h) => [h.sessionId, h.read, h.token]).sort(),
+        [
+          [r1.sessionId, true, r1.token],
+          [r2.sessionId, true, r2.token],
+        ].sort(),
+      );
+
+      // 2. A writer waits; a third reader arriving after it waits too.
+      const w = queuedRequest((o) => c.writeLock(k, { ...o, value: "w" }));
+      await w.queued;
+      assert.equal(w.settled, false, `the writer did not wait: ${w.error ?? "granted beside readers"}`);
+      const third = queuedRequest((o) => d.readLock(k, { ...o, value: "r3" }));
+      await third.queued;
+      await sleep(1000);
+      assert.equal(third.settled, false, `a reader behind a queued writer did not wait: ${third.error ?? "granted"}`);
+      assert.equal(w.settled, false);
+      assert.deepEqual((await e.getLock(k)).holders.map((h) => h.sessionId).sort(), [r1.sessionId, r2.sessionId].sort());
+
+      // 3. Both readers release: the writer is granted, above both tokens;
+      // the third reader still waits. The writer releases: the third reader
+      // is granted, above the writer.
+      const t0 = performance.now();
+      assert.equal(await r1.release(), true);
+      assert.equal(await r2.release(), true);
+      writer.lease = await w.promise;
+      figure("S8 writer granted after the readers released", (performance.now() - t0) / 1000);
+      assert.equal(writer.lease.mode, "write");
+      assert.equal(writer.lease.sequencer.read, false);
+      assert.ok(writer.lease.token > max(r1.token, r2.token), `writer token ${writer.lease.token} not above the readers'`);
+      await sleep(300);
+      assert.equal(third.settled, false, "the third reader was granted beside the writer");
+      const ws = await e.getLock(k);
+      assert.deepEqual(ws.holders.map((h) => [h.sessionId, h.read]), [[writer.lease.sessionId, false]]);
+      assert.equal(await writer.lease.release(), true);
+      const r3 = await third.promise;
+      leases.push(r3);
+      assert.equal(r3.mode, "read");
+      assert.ok(r3.token > writer.lease.token, `third reader's token ${r3.token} not above the writer's ${writer.lease.token}`);
+      assert.deepEqual((await e.getLock(k)).holders.map((h) => [h.sessionId, h.read]), [[r3.sessionId, true]]);
+
+      // 4. A plain try-lock of the read-write lock, and a try read lock of a
+      // held plain lock: LIMIT_CONFLICT naming the kind found; neither key
+      // changes in Consul.
+      const kBefore = await kvEntries(k);
+      await assert.rejects(e.tryLock(k), (err) => {
+        assert.ok(err instanceof ConflictError, `${err?.name}: ${err?.message}`);
+        assert.equal(err.reason, "LIMIT_CONFLICT");
+        assert.equal(err.codeName, "FailedPrecondition");
+        assert.match(err.message, /RWLOCK/i, "the message names the kind found");
+        console.log(`S8 lock on a read-write lock: ${err.name}: ${err.message}`);
+        return true;
+      });
+      assert.deepEqual(await kvEntries(k), kBefore, "a refused lock changed the read-write lock's key in Consul");
+
+      const plain = await a.lock(l, { value: "plain", wait: 10 });
+      leases.push(plain);
+      const lBefore = await kvEntries(l);
+      await assert.rejects(e.tryReadLock(l), (err) => {
+        assert.ok(err instanceof ConflictError, `${err?.name}: ${err?.message}`);
+        assert.equal(err.reason, "LIMIT_CONFLICT");
+        assert.match(err.message, /(^|[^A-Z])LOCK([^A-Z]|$)/i, "the message names the kind found");
+        console.log(`S8 read lock on a lock: ${err.name}: ${err.message}`);
+        return true;
+      });
+      await assert.rejects(e.tryWriteLock(l), (err) => err instanceof ConflictError && err.reason === "LIMIT_CONFLICT");
+      assert.deepEqual(await kvEntries(l), lBefore, "a refused read lock changed the lock's key in Consul");
+      assert.equal(plain.lost, false);
+      assert.equal(r3.lost, false);
+    } finally {
+      if (writer.lease) await writer.lease.release();
+      // A third reader still waiting (the test failed midway) goes with its client.
+      for (const lease of leases) await lease.release();
+    }
+  }),
+);
+
+scenario("S9", "multi-key lock: all or nothing", () =>
+  withN(3, async (a, b, obs) => {
+    const base = key("s9");
+    const [A, B, C, D] = ["a", "b", "c", "d"].map((x) => `${base}-${x}`);
+    const leases = [];
+    let second;
+    try {
+      // 1. A, B, C as one: one session, one token per key in order.
+      const first = await a.lockAll([A, B, C], { value: "first", wait: 10 });
+      leases.push(first);
+      assert.deepEqual(first.keys, [A, B, C]);
+      assert.equal(first.tokens.length, 3);
+      assert.deepEqual(first.sequencers.map((s) => s.key), [A, B, C]);
+      assert.deepEqual(first.sequencers.map((s) => s.sessionId), [first.sessionId, first.sessionId, first.sessionId]);
+      assert.equal(first.token, first.tokens[0]);
+      for (const [j, k] of [A, B, C].entries()) {
+        const st = await obs.getLock(k);
+        assert.deepEqual(st.holders.map((h) => [h.sessionId, h.token]), [[first.sessionId, first.tokens[j]]], k);
+      }
+
+      // 2. A try-lock of B is busy; C and D as one waits, holding nothing.
+      await assert.rejects(b.lock(B, { wait: 0 }), (err) => {
+        assert.ok(err instanceof LockHeldError, `${err?.name}: ${err?.message}`);
+        assert.equal(err.reason, "LOCK_HELD");
+        return true;
+      });
+      second = queuedRequest((o) => b.lockAll([C, D], { ...o, value: "second" }));
+      await second.queued;
+      assert.equal(second.settled, false, `the second multi-key lock did not wait: ${second.error ?? "granted"}`);
+      const end = performance.now() + 1000;
+      while (performance.now() < end) {
+        assert.deepEqual((await obs.getLock(D)).holders, [], "a waiting multi-key request holds D: a subset");
+        await sleep(100);
+      }
+      assert.equal(second.settled, false);
+
+      // 3. Release the first: the second gets C and D together.
+      const t0 = performance.now();
+      assert.equal(await first.release(), true);
+      const lease2 = await second.promise;
+      leases.push(lease2);
+      figure("S9 second multi-key lock granted after the first released", (performance.now() - t0) / 1000);
+      assert.deepEqual(lease2.keys, [C, D]);
+      assert.ok(lease2.tokens[0] > first.tokens[2], "C's token did not increase");
+      for (const [j, k] of [C, D].entries()) {
+        assert.deepEqual((await obs.getLock(k)).holders.map((h) => [h.sessionId, h.token]), [[lease2.sessionId, lease2.tokens[j]]], k);
+      }
+      for (const k of [A, B]) assert.deepEqual((await obs.getLock(k)).holders, [], k);
+
+      // 4. D deleted behind the broker's back: lost within 1 s naming D; C is released.
+      let lostAt;
+      lease2.onLost(() => (lostAt = performance.now()));
+      const deleted = performance.now();
+      await cluster.consul.http("DELETE", `/v1/kv/${D}`);
+      const err = await lease2.waitLost(5000);
+      assert.ok(err, "loss not reported within 5s");
+      await waitFor(() => lostAt !== undefined, 1000, "onLost");
+      const latency = (lostAt - deleted) / 1000;
+      figure("S9 multi-key loss reported after DELETE of one key", latency);
+      assert.ok(latency <= 1.0, `loss reported after ${latency}s`);
+      assert.equal(err.key, D, err.message);
+      assert.equal(lease2.lostKey, D);
+      assert.ok(lease2.signal.aborted);
+      await waitFor(async () => (await obs.getLock(C)).holders.length === 0, 5000, "C released after D was lost");
+      assert.equal(await lease2.release(), false);
+    } finally {
+      for (const lease of leases) await lease.release();
+    }
+  }),
+);
+
+// S10's Node part: the Go runner (test/conformance/go) runs readers and
+// writers of every language on one key. Here the Node CLI alone (the one
+// this library ships) runs readers and writers on one key for about 8 s
+// with S10's checks (no writer beside anyone; readers share; writers'
+// tokens increase), and holds a multi-key lock with --also.
+const cliHold = (addr, k, extra) =>
+  new CLI(process.execPath, [join(REPO, "client", "node", "conformance.mjs"), "hold", "--target", addr, "--key", k, "--wait", "30", ...extra]);
+
+scenario("S10", "read-write lock across processes (Node CLI: hold --mode, --also)", () =>
+  withClients(async (client) => {
+    const k = key("s10");
+    const runFor = 8000;
+    const start = performance.now();
+    const done = [];
+    const live = new Set();
+    const slot = async (mode, seconds) => {
+      while (performance.now() - start < runFor) {
+        const cli = cliHold(shared.addr, k, ["--mode", mode, "--seconds", String(seconds)]);
+        live.add(cli);
+        try {
+          await cli.exited;
+        } finally {
+          live.delete(cli);
+        }
+        done.push(cli);
+      }
+    };
+    try {
+      await Promise.all([slot("read", 0.8), slot("read", 0.8), slot("read", 0.6), slot("write", 0.3), slot("write", 0.3)]);
+    } finally {
+      await Promise.all([...live].map((c) => c.stop()));
+    }
+    const holds = done.map((cli) => {
+      const acq = cli.events.find((ev) => ev.event === "acquired");
+      const end = cli.events.find((ev) => ev.event === "released" || ev.event === "lost");
+      const bad = cli.events.find((ev) => ev.event === "error" || ev.event === "lost");
+      assert.equal(bad, undefined, `a CLI failed: ${JSON.stringify(bad)} ${cli.stderr}`);
+      assert.ok(acq && end, `a CLI printed no acquired/released: ${JSON.stringify(cli.events)} ${cli.stderr}`);
+      assert.ok(["read", "write"].includes(acq.mode), JSON.stringify(acq));
+      // release_t: when the CLI asked to release (the hold ends after it,
+      // before `released` is printed): [acquired, release_t] lies inside the hold.
+      return { mode: acq.mode, from: acq.t, to: end.release_t ?? end.t, token: acq.token };
+    });
+    const writers = holds.filter((h) => h.mode === "write").sort((x, y) => x.from - y.from);
+    const readers = holds.filter((h) => h.mode === "read");
+    figure("S10 holds (readers, writers)", `${readers.length}, ${writers.length}`, "");
+    assert.ok(writers.length >= 2 && readers.length >= 4, `too few holds: ${readers.length} readers, ${writers.length} writers`);
+    const overlap = (x, y) => x !== y && x.from < y.to && y.from < x.to;
+    for (const w of writers) {
+      const beside = holds.find((h) => overlap(w, h));
+      assert.equal(beside, undefined, `a writer ${JSON.stringify(w)} overlapped ${JSON.stringify(beside)}`);
+    }
+    assert.ok(readers.some((r) => readers.some((q) => overlap(r, q))), "no two readers ever held at once");
+    for (let j = 1; j < writers.length; j++) assert.ok(writers[j].token > writers[j - 1].token, "writers' tokens did not increase");
+
+    // A multi-key hold: --also, `tokens` one per key.
+    const [ka, kb, kc] = ["a", "b", "c"].map((x) => `${k}-m${x}`);
+    const multi = cliHold(shared.addr, ka, ["--also", kb, "--also", kc, "--seconds", "30"]);
+    try {
+      const acq = await multi.wait("acquired", 30_000);
+      assert.equal(acq.mode, "lock");
+      assert.deepEqual(acq.keys, [ka, kb, kc]);
+      assert.equal(acq.tokens.length, 3);
+      assert.equal(acq.token, acq.tokens[0]);
+      for (const [j, kk] of [ka, kb, kc].entries()) {
+        assert.deepEqual((await client.getLock(kk)).holders.map((h) => [h.sessionId, Number(h.token)]), [[acq.session_id, acq.tokens[j]]]);
+      }
+      multi.release();
+      await multi.wait("released", 15_000);
+    } finally {
+      await multi.stop();
+    }
+    for (const kk of [ka, kb, kc]) assert.deepEqual((await client.getLock(kk)).holders, [], kk);
+  }),
+);
