@@ -20,7 +20,8 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 
 /**
- * A held lock or semaphore slot: a lease, not a mutex. It can be lost at any
+ * A held lock, semaphore slot, read or write hold of a read-write lock, or
+ * multi-key lock: a lease, not a mutex. It can be lost at any
  * moment (a partition, a paused process, an operator destroying the
  * session), so work that must never overlap passes {@link #token()} to the
  * resources it changes, and those refuse tokens lower than the highest they
@@ -36,7 +37,13 @@ import java.util.concurrent.TimeoutException;
  * {@link #isLost()} turns true and the {@link #onLost} callbacks run, before
  * the deadline passes.
  *
- * <p>{@link #close()} (try-with-resources) releases the hold. Thread-safe.
+ * <p>A multi-key lock ({@link LockClient#lockAll}) is one lease with one
+ * session: {@link #sequencers()} and {@link #tokens()} have one entry per
+ * key, and losing any key loses the whole lease ({@link #lostKey()} names
+ * it). A resume carries the request's kind (read, write) and keys.
+ *
+ * <p>{@link #close()} (try-with-resources) releases the hold, every key of
+ * it. Thread-safe.
  */
 public final class Lease implements AutoCloseable {
   private enum State { HELD, RESUMING, RELEASING, RELEASED, LOST }
@@ -51,6 +58,7 @@ public final class Lease implements AutoCloseable {
   private final LockClient client;
   private final AcquireRequest request;
   private final Sequencer sequencer;
+  private final List<Sequencer> sequencers; // one per key, in the request's order
   private final Executor serial; // every state change runs here, one at a time
   private final long marginNanos;
   private final CompletableFuture<Void> done = new CompletableFuture<>();
@@ -79,6 +87,8 @@ public final class Lease implements AutoCloseable {
     this.client = client;
     this.request = request;
     this.sequencer = acquired.getSequencer();
+    this.sequencers = acquired.getSequencersCount() > 0 ? List.copyOf(acquired.getSequencersList())
+        : List.of(sequencer);
     this.serial = client.newSerialExecutor();
     this.marginNanos = client.lossMarginNanos();
     this.current = call;
@@ -92,9 +102,56 @@ public final class Lease implements AutoCloseable {
 
   // ---------------------------------------------------------------- accessors
 
-  /** The lock key or semaphore prefix. */
+  /** The lock key or semaphore prefix; a multi-key lock's first key. */
   public String key() {
     return sequencer.getKey();
+  }
+
+  /**
+   * Every key the lease holds, in the order asked for: one for a lock,
+   * semaphore slot or read-write hold, all of them for
+   * {@link LockClient#lockAll}.
+   */
+  public List<String> keys() {
+    List<String> out = new ArrayList<>(sequencers.size());
+    for (Sequencer s : sequencers) {
+      out.add(s.getKey());
+    }
+    return List.copyOf(out);
+  }
+
+  /**
+   * One grant per key, in the order of {@link #keys()} (a multi-key lock
+   * has one per key, each with its own token; otherwise the list holds
+   * {@link #sequencer()} alone).
+   */
+  public List<Sequencer> sequencers() {
+    return sequencers;
+  }
+
+  /** The fencing token of each key, in the order of {@link #keys()} (compare unsigned). */
+  public List<Long> tokens() {
+    List<Long> out = new ArrayList<>(sequencers.size());
+    for (Sequencer s : sequencers) {
+      out.add(s.getToken());
+    }
+    return List.copyOf(out);
+  }
+
+  /** True for a read (shared) hold of a read-write lock ({@link LockClient#readLock}). */
+  public boolean isRead() {
+    return sequencer.getRead();
+  }
+
+  /**
+   * Once the lease is lost, the key whose loss ended it: for a multi-key
+   * lock the key the broker found lost first (it released the others);
+   * otherwise, and for a loss of the whole hold (no keepalive, a refused
+   * resume, a release from elsewhere), {@link #key()}. Empty while the
+   * lease is not lost. The same as {@code lostCause().get().key()}.
+   */
+  public Optional<String> lostKey() {
+    return lostCause().map(LockLostException::key);
   }
 
   /**
@@ -325,7 +382,7 @@ public final class Lease implements AutoCloseable {
         if (state != State.RESUMING) {
           break;
         }
-        if (r.getAcquired().getSequencer().getToken() != sequencer.getToken()) {
+        if (!sameGrant(r.getAcquired())) {
           lose(LockLostException.fromClient(key(), LockLostException.RESUME_REFUSED,
               "resume returned another grant (token "
               + Long.toUnsignedString(r.getAcquired().getSequencer().getToken()) + ")"));
@@ -357,12 +414,41 @@ public final class Lease implements AutoCloseable {
                 || r.getLost().getReason() == LostReason.LOST_REASON_RESUMED_ELSEWHERE)) {
           finishReleased(); // closing the stream makes that broker release the hold
         } else { // also while releasing: the hold was lost before the release took effect
-          lose(LockLostException.fromBroker(key(), r.getLost().getReason(), r.getLost().getDetail()));
+          lose(LockLostException.fromBroker(lostKeyOf(r), r.getLost().getReason(), r.getLost().getDetail()));
         }
         break;
       default:
         break;
     }
+  }
+
+  /**
+   * Whether a resume's acquired is this lease's grant: the same token, and
+   * for a multi-key lock the same token for every key.
+   */
+  private boolean sameGrant(AcquireAcquired a) {
+    if (a.getSequencer().getToken() != sequencer.getToken()) {
+      return false;
+    }
+    if (a.getSequencersCount() == 0) {
+      return true;
+    }
+    if (a.getSequencersCount() != sequencers.size()) {
+      return false;
+    }
+    for (int i = 0; i < sequencers.size(); i++) {
+      Sequencer got = a.getSequencers(i);
+      if (!got.getKey().equals(sequencers.get(i).getKey()) || got.getToken() != sequencers.get(i).getToken()) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  /** The key a broker's lost names (a multi-key lock's lost key), else {@link #key()}. */
+  private String lostKeyOf(AcquireResponse r) {
+    String k = r.getLost().getKey();
+    return k.isEmpty() ? key() : k;
   }
 
   /**
@@ -392,7 +478,7 @@ public final class Lease implements AutoCloseable {
           case LOST_REASON_RESUMED_ELSEWHERE:
             break;
           default:
-            lose(LockLostException.fromBroker(key(), r.getLost().getReason(), r.getLost().getDetail()));
+            lose(LockLostException.fromBroker(lostKeyOf(r), r.getLost().getReason(), r.getLost().getDetail()));
             break;
         }
         break;
@@ -612,7 +698,15 @@ public final class Lease implements AutoCloseable {
 
   @Override
   public String toString() {
-    return "Lease{key=" + key() + ", token=" + Long.toUnsignedString(token()) + ", session="
+    StringBuilder keys = new StringBuilder();
+    for (int i = 1; i < sequencers.size(); i++) {
+      keys.append(i == 1 ? ", with=[" : ", ").append(sequencers.get(i).getKey());
+    }
+    if (keys.length() > 0) {
+      keys.append(']');
+    }
+    return "Lease{key=" + key() + keys + (isRead() ? ", read" : "") + ", token="
+        + Long.toUnsignedString(token()) + ", session="
         + sessionId() + (isLost() ? ", lost" : released ? ", released" : ", held") + "}";
   }
 }

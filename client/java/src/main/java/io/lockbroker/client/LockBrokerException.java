@@ -128,6 +128,18 @@ public class LockBrokerException extends RuntimeException {
     }
   }
 
+  /**
+   * Whether the key is another kind than the request asked for
+   * (FAILED_PRECONDITION, reason {@code LIMIT_CONFLICT}): a lock asked for
+   * on a semaphore prefix or a read-write lock, a read or write hold on a
+   * plain lock or semaphore, or a semaphore limit that differs from the
+   * stored one. The message, and {@link #lockState()} when the broker sends
+   * it, name the kind found.
+   */
+  public boolean isKindConflict() {
+    return code == Status.Code.FAILED_PRECONDITION && reason.equals("LIMIT_CONFLICT");
+  }
+
   /** The ErrorInfo metadata (empty when none). */
   public Map<String, String> metadata() {
     return metadata;

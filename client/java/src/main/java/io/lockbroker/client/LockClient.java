@@ -16,6 +16,7 @@ import io.grpc.MethodDescriptor;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.grpc.TlsChannelCredentials;
+import io.lockbroker.v1.AcquireKind;
 import io.lockbroker.v1.AcquireQueued;
 import io.lockbroker.v1.AcquireRequest;
 import io.lockbroker.v1.AcquireResponse;
@@ -423,6 +424,159 @@ public final class LockClient implements AutoCloseable {
   /** {@link #tryLock(String, LockOptions)} with the defaults. */
   public Optional<Lease> tryLock(String key) throws InterruptedException {
     return tryLock(key, LockOptions.defaults());
+  }
+
+  // ---------------------------------------------------------------- read-write locks
+
+  /**
+   * Takes a read (shared) hold of the read-write lock at key: many readers
+   * hold it at once, never beside a writer. Waiters, readers and writers,
+   * are served in arrival order: a reader that arrives behind a waiting
+   * writer waits for that writer's turn, so neither side starves the other.
+   * Waits as {@link #lock} does; the lease keeps itself as a lock's does
+   * (keepalives, deadline, resume on another target as a reader).
+   *
+   * <pre>{@code
+   * try (Lease l = client.readLock("config/routes")) {
+   *   render(store.read(l.token()));
+   * }
+   * }</pre>
+   *
+   * <p>A read-write lock's key has a Consul layout of its own: a read or
+   * write request on a plain lock or semaphore, and a lock or semaphore
+   * request on a read-write lock, are refused with a
+   * {@link LockBrokerException} of code FAILED_PRECONDITION and
+   * {@link LockBrokerException#reason() reason} {@code LIMIT_CONFLICT}
+   * ({@link LockBrokerException#isKindConflict()}), whose message and
+   * {@link LockBrokerException#lockState() lockState()} name the kind found.
+   */
+  public Lease readLock(String key, LockOptions options) throws InterruptedException {
+    return acquire(rw(options.toRequest(key), AcquireKind.ACQUIRE_KIND_READ), options.waitTimeout(),
+        options.onQueued());
+  }
+
+  /** {@link #readLock(String, LockOptions)} with the defaults. */
+  public Lease readLock(String key) throws InterruptedException {
+    return readLock(key, LockOptions.defaults());
+  }
+
+  /**
+   * Takes the write (exclusive) hold of the read-write lock at key: no
+   * reader or other writer holds it meanwhile. Its {@link Lease#token()} is
+   * above every token granted on the key before it, read or write, so a
+   * resource that keeps the highest token seen refuses a stale reader's or
+   * writer's change. Waits and fails as {@link #readLock} does.
+   */
+  public Lease writeLock(String key, LockOptions options) throws InterruptedException {
+    return acquire(rw(options.toRequest(key), AcquireKind.ACQUIRE_KIND_WRITE), options.waitTimeout(),
+        options.onQueued());
+  }
+
+  /** {@link #writeLock(String, LockOptions)} with the defaults. */
+  public Lease writeLock(String key) throws InterruptedException {
+    return writeLock(key, LockOptions.defaults());
+  }
+
+  /**
+   * A read hold of key if one can be had now (no writer holds it or waits
+   * for it); empty when it cannot. A kind conflict still throws.
+   */
+  public Optional<Lease> tryReadLock(String key, LockOptions options) throws InterruptedException {
+    try {
+      return Optional.of(readLock(key, options.waitTimeout(Duration.ZERO)));
+    } catch (LockHeldException e) {
+      return Optional.empty();
+    }
+  }
+
+  /** {@link #tryReadLock(String, LockOptions)} with the defaults. */
+  public Optional<Lease> tryReadLock(String key) throws InterruptedException {
+    return tryReadLock(key, LockOptions.defaults());
+  }
+
+  /** The write hold of key if it is free now; empty when it is not. A kind conflict still throws. */
+  public Optional<Lease> tryWriteLock(String key, LockOptions options) throws InterruptedException {
+    try {
+      return Optional.of(writeLock(key, options.waitTimeout(Duration.ZERO)));
+    } catch (LockHeldException e) {
+      return Optional.empty();
+    }
+  }
+
+  /** {@link #tryWriteLock(String, LockOptions)} with the defaults. */
+  public Optional<Lease> tryWriteLock(String key) throws InterruptedException {
+    return tryWriteLock(key, LockOptions.defaults());
+  }
+
+  private static AcquireRequest rw(AcquireRequest req, AcquireKind kind) {
+    return req.toBuilder().setKind(kind).build();
+  }
+
+  // ---------------------------------------------------------------- multi-key locks
+
+  /**
+   * Takes the locks at every key of keys (1 to 64, all different) at once,
+   * all or nothing, in one Consul transaction with one session: no other
+   * client ever sees a subset held by this request, and while it waits it
+   * holds none of them. It waits in every key's queue with one place, so
+   * two multi-key requests with overlapping keys never deadlock, and
+   * single-key traffic on one of its keys cannot starve it. Waits as
+   * {@link #lock} does.
+   *
+   * <pre>{@code
+   * try (Lease l = client.lockAll(List.of("acct/a", "acct/b"))) {
+   *   transfer(l.tokens().get(0), l.tokens().get(1));
+   * }
+   * }</pre>
+   *
+   * <p>The lease has one sequencer per key, in the order given
+   * ({@link Lease#sequencers()}, {@link Lease#tokens()}); {@link Lease#key()}
+   * and {@link Lease#token()} are the first key's. Losing any key ends the
+   * whole hold: the broker releases the others, and {@link Lease#lostKey()}
+   * names the key lost. Closing the lease releases every key. Each key is an
+   * ordinary Consul lock key, so Consul's {@code api.Lock} clients exclude
+   * correctly on any of them.
+   *
+   * @throws IllegalArgumentException keys is empty
+   * @throws InvalidArgumentException the broker refused keys (a bad or
+   *     repeated key, more than 64), naming the field
+   */
+  public Lease lockAll(List<String> keys, LockOptions options) throws InterruptedException {
+    return acquire(multi(keys, options), options.waitTimeout(), options.onQueued());
+  }
+
+  /** {@link #lockAll(List, LockOptions)} with the defaults. */
+  public Lease lockAll(List<String> keys) throws InterruptedException {
+    return lockAll(keys, LockOptions.defaults());
+  }
+
+  /**
+   * {@link #lockAll} if every key is free now; empty when any is held (none
+   * is taken then). To learn who holds it, call {@link #lockAll} with
+   * {@code waitTimeout(Duration.ZERO)} and read
+   * {@link LockHeldException#holders()}.
+   */
+  public Optional<Lease> tryLockAll(List<String> keys, LockOptions options) throws InterruptedException {
+    try {
+      return Optional.of(lockAll(keys, options.waitTimeout(Duration.ZERO)));
+    } catch (LockHeldException e) {
+      return Optional.empty();
+    }
+  }
+
+  /** {@link #tryLockAll(List, LockOptions)} with the defaults. */
+  public Optional<Lease> tryLockAll(List<String> keys) throws InterruptedException {
+    return tryLockAll(keys, LockOptions.defaults());
+  }
+
+  private static AcquireRequest multi(List<String> keys, LockOptions options) {
+    if (keys.isEmpty()) {
+      throw new IllegalArgumentException("lockAll needs at least one key");
+    }
+    for (String k : keys) {
+      Objects.requireNonNull(k, "lockAll: a null key");
+    }
+    return options.toRequest(keys.get(0)).toBuilder().addAllKeys(keys.subList(1, keys.size())).build();
   }
 
   /**

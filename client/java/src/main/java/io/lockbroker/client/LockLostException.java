@@ -59,7 +59,12 @@ public class LockLostException extends RuntimeException {
     return new LockLostException(key, reason, LostReason.LOST_REASON_UNSPECIFIED, detail);
   }
 
-  /** The lock key or semaphore prefix. */
+  /**
+   * The lock key or semaphore prefix; for a multi-key lock
+   * ({@link LockClient#lockAll}) the key whose loss ended the hold (the
+   * broker released the others), or the first key when the whole hold was
+   * lost at once (no keepalive, a refused resume).
+   */
   public String key() {
     return key;
   }

@@ -50,6 +50,49 @@ final class Cli {
         "--seconds", Integer.toString(seconds));
   }
 
+  /** A Java hold CLI with any options after --target and --key (--mode, --also, --seconds, ...). */
+  static List<String> javaHold(String addr, String key, String... options) {
+    String cp = System.getProperty("lockbroker.classpath", System.getProperty("java.class.path"));
+    List<String> argv = new ArrayList<>(List.of(Path.of(System.getProperty("java.home"), "bin", "java").toString(),
+        "-cp", cp, Main.class.getName(), "hold", "--target", addr, "--key", key));
+    argv.addAll(List.of(options));
+    return argv;
+  }
+
+  /** A number field of a JSON line; NaN when absent. */
+  static double number(String json, String name) {
+    Matcher m = Pattern.compile("\"" + Pattern.quote(name) + "\"\\s*:\\s*(-?[0-9][0-9.eE+-]*)").matcher(json);
+    return m.find() ? Double.parseDouble(m.group(1)) : Double.NaN;
+  }
+
+  /** An unsigned integer field of a JSON line (a token); throws when absent. */
+  static long unsigned(String json, String name) {
+    Matcher m = Pattern.compile("\"" + Pattern.quote(name) + "\"\\s*:\\s*([0-9]+)").matcher(json);
+    if (!m.find()) {
+      throw new AssertionError("no " + name + " in " + json);
+    }
+    return Long.parseUnsignedLong(m.group(1));
+  }
+
+  /** An array of unsigned integers of a JSON line ("tokens"); empty when absent. */
+  static List<Long> unsignedList(String json, String name) {
+    Matcher m = Pattern.compile("\"" + Pattern.quote(name) + "\"\\s*:\\s*\\[([0-9,\\s]*)\\]").matcher(json);
+    List<Long> out = new ArrayList<>();
+    if (m.find()) {
+      for (String t : m.group(1).split(",")) {
+        if (!t.isBlank()) {
+          out.add(Long.parseUnsignedLong(t.trim()));
+        }
+      }
+    }
+    return out;
+  }
+
+  /** Waits up to timeout for the process to exit; its exit status, or -1 if it still runs. */
+  int waitExit(Duration timeout) throws InterruptedException {
+    return proc.waitFor(timeout.toNanos(), TimeUnit.NANOSECONDS) ? proc.exitValue() : -1;
+  }
+
   static boolean pythonAvailable(Path repo) {
     return Files.exists(repo.resolve("client/python/lockbroker/conformance.py"))
         && Files.isExecutable(Path.of("/usr/bin/python3"))

@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.fail;
 
 import io.grpc.Status;
 import io.lockbroker.client.Lease;
+import io.lockbroker.client.LockBrokerException;
 import io.lockbroker.client.LockClient;
 import io.lockbroker.client.LockHeldException;
 import io.lockbroker.client.LockLostException;
@@ -471,6 +472,321 @@ class ConformanceTest {
     }
     try (LockClient c = LockClient.builder().target(tls).tls(pki.ca).token(token).build()) {
       assertEquals(0, c.getLock(key).getHoldersCount(), "nothing was held through a refused connection");
+    }
+  }
+
+  // ---------------------------------------------------------------- S8
+
+  @Test
+  void s8_readWriteLock() throws Exception {
+    String base = Cluster.key("s8");
+    String key = base + "/k";
+    String plain = base + "/l";
+    LockOptions bounded = LockOptions.defaults().waitTimeout(Duration.ofSeconds(30));
+    try (LockClient c1 = shared(); LockClient c2 = shared(); LockClient c3 = shared(); LockClient c4 = shared();
+        LockClient observer = shared()) {
+      // 1. Two readers at once.
+      Lease r1 = c1.readLock(key, bounded.value("r1"));
+      Lease r2 = c2.readLock(key, bounded.value("r2"));
+      assertTrue(r1.isRead() && r2.isRead(), r1 + " " + r2);
+      assertFalse(r1.isLost() || r2.isLost());
+      LockState st = observer.getLock(key);
+      assertEquals(LockKind.LOCK_KIND_RWLOCK, st.getKind(), st.toString());
+      assertEquals(Set.of(r1.sessionId(), r2.sessionId()), new TreeSet<>(sessions(st.getHoldersList())), st.toString());
+      for (Holder h : st.getHoldersList()) {
+        assertTrue(h.getRead(), "a reader listed with read false: " + st);
+      }
+      assertTrue(Long.compareUnsigned(r2.token(), r1.token()) > 0,
+          "second reader's token " + r2.token() + " not above the first's " + r1.token());
+
+      // 2. A writer waits; a reader that arrives after it waits too.
+      CompletableFuture<String> writerQueued = new CompletableFuture<>();
+      CompletableFuture<Lease> writer = async(() -> c3.writeLock(key,
+          bounded.value("w").onQueued(q -> writerQueued.complete(q.getSessionId()))));
+      writerQueued.get(10, TimeUnit.SECONDS);
+      CompletableFuture<String> readerQueued = new CompletableFuture<>();
+      CompletableFuture<Lease> reader3 = async(() -> c4.readLock(key,
+          bounded.value("r3").onQueued(q -> readerQueued.complete(q.getSessionId()))));
+      String r3Session = readerQueued.get(10, TimeUnit.SECONDS);
+      Thread.sleep(1000);
+      assertFalse(writer.isDone(), "the writer was granted beside two readers: " + writer);
+      assertFalse(reader3.isDone(), "a reader behind a queued writer was granted: " + reader3);
+      st = observer.getLock(key);
+      assertFalse(sessions(st.getHoldersList()).contains(r3Session), "the third reader holds: " + st);
+      assertEquals(2, st.getHoldersCount(), st.toString());
+
+      // 3. Readers release: the writer is granted, the third reader still waits.
+      long t0 = System.nanoTime();
+      r1.release();
+      r2.release();
+      Lease w = writer.get(10, TimeUnit.SECONDS);
+      Cluster.figure("S8 writer granted after the readers released", seconds(System.nanoTime() - t0));
+      assertFalse(w.isRead(), w.toString());
+      assertTrue(Long.compareUnsigned(w.token(), r1.token()) > 0 && Long.compareUnsigned(w.token(), r2.token()) > 0,
+          "writer token " + w.token() + " not above the readers' " + r1.token() + ", " + r2.token());
+      Thread.sleep(500);
+      assertFalse(reader3.isDone(), "the third reader was granted beside the writer");
+      st = observer.getLock(key);
+      assertEquals(1, st.getHoldersCount(), st.toString());
+      assertEquals(w.sessionId(), st.getHolders(0).getSessionId(), st.toString());
+      assertFalse(st.getHolders(0).getRead(), "the writer listed as a reader: " + st);
+      w.release();
+      Lease r3 = reader3.get(10, TimeUnit.SECONDS);
+      assertEquals(r3Session, r3.sessionId(), "the third reader was granted with another session than it waited with");
+      assertTrue(Long.compareUnsigned(r3.token(), w.token()) > 0,
+          "third reader's token " + r3.token() + " not above the writer's " + w.token());
+      assertTrue(r3.isRead());
+
+      // 4. Kind conflicts, both ways; nothing changes in Consul.
+      Lease plainLease = c1.lock(plain, bounded);
+      String before = kv(base);
+      LockBrokerException onRw = assertThrows(LockBrokerException.class, () -> {
+        c2.tryLock(key).ifPresent(Lease::close);
+      });
+      assertKindConflict(onRw, LockKind.LOCK_KIND_RWLOCK, "RWLOCK");
+      LockBrokerException onLock = assertThrows(LockBrokerException.class, () -> {
+        c2.tryReadLock(plain).ifPresent(Lease::close);
+      });
+      assertKindConflict(onLock, LockKind.LOCK_KIND_LOCK, "LOCK");
+      assertEquals(before, kv(base), "a refused request changed the keys in Consul");
+      assertFalse(r3.isLost() || plainLease.isLost());
+      r3.release();
+      plainLease.release();
+    }
+  }
+
+  private static void assertKindConflict(LockBrokerException e, LockKind kind, String name) {
+    System.out.println("S8 kind conflict: " + e.getMessage());
+    assertEquals(Status.Code.FAILED_PRECONDITION, e.code(), e.toString());
+    assertEquals("LIMIT_CONFLICT", e.reason(), e.toString());
+    assertTrue(e.isKindConflict(), e.toString());
+    boolean named = e.lockState().map(s -> s.getKind() == kind).orElse(false)
+        || e.getMessage().toUpperCase(java.util.Locale.ROOT).contains(name);
+    assertTrue(named, "the refusal does not name " + name + ": " + e + " state " + e.lockState());
+  }
+
+  /** Every Consul KV entry under prefix (the raw JSON), "" when none. */
+  private static String kv(String prefix) throws IOException, InterruptedException {
+    try {
+      return Cluster.get().consul().call("GET", "/v1/kv/" + prefix + "/?recurse", null);
+    } catch (IOException e) {
+      if (e.getMessage().contains(": 404 ")) {
+        return "";
+      }
+      throw e;
+    }
+  }
+
+  interface Acquire {
+    Lease get() throws Exception;
+  }
+
+  /** Runs a blocking acquire on its own thread. */
+  private static CompletableFuture<Lease> async(Acquire a) {
+    CompletableFuture<Lease> f = new CompletableFuture<>();
+    Thread t = new Thread(() -> {
+      try {
+        f.complete(a.get());
+      } catch (Throwable e) {
+        f.completeExceptionally(e);
+      }
+    }, "s-acquire");
+    t.setDaemon(true);
+    t.start();
+    return f;
+  }
+
+  // ---------------------------------------------------------------- S9
+
+  @Test
+  void s9_multiKeyLock() throws Exception {
+    String base = Cluster.key("s9");
+    String a = base + "/a";
+    String b = base + "/b";
+    String c = base + "/c";
+    String d = base + "/d";
+    LockOptions bounded = LockOptions.defaults().waitTimeout(Duration.ofSeconds(30)).lockDelay(Duration.ZERO);
+    try (LockClient c1 = shared(); LockClient c2 = shared(); LockClient observer = shared()) {
+      // 1. A, B, C as one: one session, one token per key in order.
+      Lease first = c1.lockAll(List.of(a, b, c), bounded.value("first"));
+      assertEquals(List.of(a, b, c), first.keys());
+      assertEquals(3, first.tokens().size(), first.sequencers().toString());
+      assertEquals(a, first.key());
+      assertEquals(first.tokens().get(0).longValue(), first.token());
+      for (int i = 0; i < 3; i++) {
+        assertNotEquals(0L, first.tokens().get(i).longValue(), first.sequencers().toString());
+        assertEquals(first.sessionId(), first.sequencers().get(i).getSessionId(), first.sequencers().toString());
+        LockState st = observer.getLock(first.keys().get(i));
+        assertEquals(1, st.getHoldersCount(), st.toString());
+        assertEquals(first.sessionId(), st.getHolders(0).getSessionId(), st.toString());
+        assertEquals(first.tokens().get(i).longValue(), st.getHolders(0).getToken(), st.toString());
+      }
+
+      // 2. B is busy for a second client; C+D waits, holding neither.
+      LockHeldException busy = assertThrows(LockHeldException.class,
+          () -> c2.lock(b, LockOptions.defaults().waitTimeout(Duration.ZERO)));
+      assertEquals("LOCK_HELD", busy.reason(), busy.toString());
+      assertTrue(sessions(busy.holders()).contains(first.sessionId()), busy.toString());
+      CompletableFuture<String> queued = new CompletableFuture<>();
+      CompletableFuture<Lease> second = async(() -> c2.lockAll(List.of(c, d),
+          bounded.value("second").onQueued(q -> queued.complete(q.getSessionId()))));
+      queued.get(10, TimeUnit.SECONDS);
+      long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(1);
+      while (System.nanoTime() < end) { // a waiting multi-key request never holds a subset
+        LockState st = observer.getLock(d);
+        assertEquals(0, st.getHoldersCount(), "D held while C+D waits: " + st);
+        Thread.sleep(100);
+      }
+      assertFalse(second.isDone(), "C+D granted while C was held: " + second);
+
+      // 3. Release the first: C and D together.
+      long t0 = System.nanoTime();
+      first.release();
+      Lease l2 = second.get(10, TimeUnit.SECONDS);
+      Cluster.figure("S9 C+D granted after the release of A+B+C", seconds(System.nanoTime() - t0));
+      assertEquals(List.of(c, d), l2.keys());
+      for (String k : List.of(a, b)) {
+        assertEquals(0, observer.getLock(k).getHoldersCount(), k + " still held after the release");
+      }
+      for (int i = 0; i < 2; i++) {
+        LockState st = observer.getLock(l2.keys().get(i));
+        assertEquals(1, st.getHoldersCount(), st.toString());
+        assertEquals(l2.sessionId(), st.getHolders(0).getSessionId(), st.toString());
+        assertEquals(l2.tokens().get(i).longValue(), st.getHolders(0).getToken(), st.toString());
+      }
+      assertTrue(Long.compareUnsigned(l2.tokens().get(0), first.tokens().get(2)) > 0,
+          "C's new token " + l2.tokens().get(0) + " not above its last " + first.tokens().get(2));
+
+      // 4. D deleted behind the broker's back: the whole lease is lost, naming D.
+      CompletableFuture<Long> lostAt = new CompletableFuture<>();
+      l2.onLost(() -> lostAt.complete(System.nanoTime()));
+      long del = System.nanoTime();
+      Cluster.get().consul().call("DELETE", "/v1/kv/" + d, null);
+      long at = lostAt.get(10, TimeUnit.SECONDS);
+      double latency = seconds(at - del);
+      Cluster.figure("S9 loss reported after the delete of D", latency);
+      LockLostException e = l2.lostCause().orElseThrow();
+      System.out.println("S9 loss: " + e.getMessage());
+      assertTrue(latency <= 1.0, "loss reported " + latency + "s after the delete");
+      assertEquals(Optional.of(d), l2.lostKey(), e.toString());
+      assertEquals(d, e.key());
+      waitFor(() -> observer.getLock(c).getHoldersCount() == 0, Duration.ofSeconds(5), "C released after D's loss");
+      assertThrows(LockLostException.class, l2::release);
+    }
+  }
+
+  // ---------------------------------------------------------------- S10
+
+  /**
+   * S10 is the Go runner's (every language's CLI at once); here the Java
+   * CLI alone, in separate processes: readers share, no writer overlaps
+   * anyone, writers' tokens increase, and a multi-key hold prints one token
+   * per key. A holder's belief interval runs, as in the Go runner, from its
+   * {@code acquired} line's {@code t} to when the test asked it to release
+   * (closed its stdin): never wider than the truth.
+   */
+  @Test
+  void s10_readWriteAcrossProcesses() throws Exception {
+    String key = Cluster.key("s10");
+    String addr = Cluster.get().broker().addr();
+    List<Cli> writers = new ArrayList<>();
+    List<Cli> all = new ArrayList<>();
+    Map<Cli, Double> asked = new java.util.HashMap<>();
+    try (LockClient c = shared()) {
+      for (int i = 0; i < 2; i++) {
+        all.add(Cli.start(Cli.javaHold(addr, key, "--mode", "read", "--seconds", "60", "--wait", "60"), repo()));
+      }
+      for (Cli r : all) {
+        r.await("acquired", Duration.ofSeconds(60));
+      }
+      for (int i = 0; i < 2; i++) {
+        writers.add(Cli.start(Cli.javaHold(addr, key, "--mode", "write", "--seconds", "60", "--wait", "60"), repo()));
+      }
+      all.addAll(writers);
+      all.add(Cli.start(Cli.javaHold(addr, key, "--mode", "read", "--seconds", "60", "--wait", "60"), repo()));
+      Thread.sleep(2000); // the writers and the third reader arrive and wait
+      // Each holder is asked to release 0.5 s after its acquired line was
+      // seen (the first two readers now), until every CLI has exited.
+      Map<Cli, Long> seen = new java.util.HashMap<>();
+      long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+      while (!all.stream().allMatch(x -> x.has("exit"))) {
+        if (System.nanoTime() > end) {
+          fail("the holders did not all finish within 60 s: " + all);
+        }
+        for (Cli x : all) {
+          if (!x.has("acquired") || asked.containsKey(x)) {
+            continue;
+          }
+          seen.putIfAbsent(x, System.nanoTime());
+          boolean firstReaders = all.indexOf(x) < 2;
+          if (firstReaders || System.nanoTime() - seen.get(x) > TimeUnit.MILLISECONDS.toNanos(500)) {
+            asked.put(x, System.currentTimeMillis() / 1000.0);
+            x.release();
+          }
+        }
+        Thread.sleep(20);
+      }
+      // [acquired t, asked to release at, token, writer?]
+      List<double[]> intervals = new ArrayList<>();
+      for (Cli x : all) {
+        String acq = x.first("acquired").orElseThrow(() -> new AssertionError("never acquired: " + x));
+        x.first("released").orElseThrow(() -> new AssertionError("no released: " + x));
+        boolean writer = writers.contains(x);
+        assertEquals(writer ? "write" : "read", Cli.field(acq, "mode"), acq);
+        intervals.add(new double[] {Cli.number(acq, "t"), asked.get(x), Cli.unsigned(acq, "token"), writer ? 1 : 0});
+      }
+      int readerOverlaps = 0;
+      for (int i = 0; i < intervals.size(); i++) {
+        for (int j = i + 1; j < intervals.size(); j++) {
+          double[] x = intervals.get(i);
+          double[] y = intervals.get(j);
+          boolean overlap = x[0] < y[1] && y[0] < x[1];
+          if (overlap && (x[3] == 1 || y[3] == 1)) {
+            fail("a writer's interval overlaps another holder's: " + all + "\nasked to release: " + asked);
+          }
+          if (overlap) {
+            readerOverlaps++;
+          }
+        }
+      }
+      assertTrue(readerOverlaps >= 1, "no two readers' intervals overlap: " + all);
+      List<double[]> ws = new ArrayList<>();
+      for (double[] x : intervals) {
+        if (x[3] == 1) {
+          ws.add(x);
+        }
+      }
+      ws.sort(Comparator.comparingDouble(x -> x[0]));
+      for (int i = 1; i < ws.size(); i++) {
+        assertTrue(ws.get(i)[2] > ws.get(i - 1)[2], "writers' tokens do not increase: " + all);
+      }
+      assertEquals(0, c.getLock(key).getHoldersCount());
+
+      // A multi-key hold: "tokens", one per key in order, as GetLock shows them.
+      String base = Cluster.key("s10-multi");
+      Cli multi = Cli.start(Cli.javaHold(addr, base + "/a", "--also", base + "/b", "--also", base + "/c",
+          "--seconds", "30"), repo());
+      all.add(multi);
+      String acq = multi.await("acquired", Duration.ofSeconds(60));
+      List<Long> tokens = Cli.unsignedList(acq, "tokens");
+      assertEquals(3, tokens.size(), acq);
+      assertEquals("lock", Cli.field(acq, "mode"), acq);
+      List<String> keys = List.of(base + "/a", base + "/b", base + "/c");
+      for (int i = 0; i < 3; i++) {
+        LockState st = c.getLock(keys.get(i));
+        assertEquals(1, st.getHoldersCount(), st.toString());
+        assertEquals(Cli.field(acq, "session_id"), st.getHolders(0).getSessionId(), st.toString());
+        assertEquals(tokens.get(i).longValue(), st.getHolders(0).getToken(), st.toString());
+      }
+      multi.release();
+      multi.await("released", Duration.ofSeconds(15));
+      for (String k : keys) {
+        assertEquals(0, c.getLock(k).getHoldersCount(), k + " held after the CLI released");
+      }
+    } finally {
+      for (Cli x : all) {
+        x.close();
+      }
     }
   }
 

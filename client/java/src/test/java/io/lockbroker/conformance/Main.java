@@ -25,13 +25,18 @@ import java.util.concurrent.TimeUnit;
  *
  * <pre>
  * java -cp "$(make -s -C client/java classpath)" io.lockbroker.conformance.Main \
- *     hold --target 127.0.0.1:8700 --key jobs/x [--limit 3] [--seconds 30] [--ttl 10] [--wait 5] [--value v]
+ *     hold --target 127.0.0.1:8700 --key jobs/x [--limit 3] [--mode read|write] [--also K2 ...]
+ *          [--seconds 30] [--ttl 10] [--wait 5] [--value v]
  * java -cp ... io.lockbroker.conformance.Main watch --target 127.0.0.1:8700 --key jobs/x [--prefix] [--seconds 30]
  * </pre>
  *
  * <p>{@code hold} takes a lock ({@code --limit 0}, the default) or a
- * semaphore slot, holds it for --seconds (or until stdin closes or SIGTERM),
- * releases it, and prints JSON lines: {@code {"event":"acquired",...}}, then
+ * semaphore slot ({@code --limit N}), a read or write hold of a read-write
+ * lock ({@code --mode read|write}) or, with {@code --also K} (repeatable),
+ * the locks of --key and every --also key as one; holds it for --seconds (or until stdin closes or SIGTERM),
+ * releases it, and prints JSON lines: {@code {"event":"acquired",...}} (with
+ * {@code "mode"}: read, write, lock or semaphore, and for a multi-key lock
+ * {@code "tokens":[...]}, one per key in order), then
  * {@code {"event":"released"}} or {@code {"event":"lost","reason":...}}
  * (exit 2); failures print {@code {"event":"error",...}} and exit 1.
  * {@code --target} may repeat (replicas). {@code watch} prints
@@ -51,6 +56,7 @@ public final class Main {
     }
     Map<String, String> opts = new LinkedHashMap<>();
     List<String> targets = new ArrayList<>();
+    List<String> also = new ArrayList<>();
     boolean prefix = false;
     for (int i = 1; i < args.length; i++) {
       String a = args[i];
@@ -65,6 +71,8 @@ public final class Main {
       String v = args[++i];
       if (a.equals("--target")) {
         targets.add(v);
+      } else if (a.equals("--also")) {
+        also.add(v);
       } else {
         opts.put(a.substring(2), v);
       }
@@ -81,7 +89,7 @@ public final class Main {
       builder.traceContext(() -> Map.of("traceparent", tp));
     }
     try (LockClient client = builder.build()) {
-      return args[0].equals("hold") ? hold(client, opts) : watch(client, opts, prefix);
+      return args[0].equals("hold") ? hold(client, opts, also) : watch(client, opts, prefix);
     }
   }
 
@@ -89,9 +97,17 @@ public final class Main {
     return Duration.ofNanos((long) (Double.parseDouble(s) * 1e9));
   }
 
-  private static int hold(LockClient client, Map<String, String> opts) throws Exception {
+  private static int hold(LockClient client, Map<String, String> opts, List<String> also) throws Exception {
     String key = opts.get("key");
     int limit = Integer.parseInt(opts.getOrDefault("limit", "0"));
+    String mode = opts.getOrDefault("mode", limit > 0 ? "semaphore" : "lock");
+    if (!List.of("read", "write", "lock", "semaphore").contains(mode)
+        || (mode.equals("semaphore") != (limit > 0))
+        || (!also.isEmpty() && !mode.equals("lock"))) {
+      System.err.println("--mode is read, write or lock (or semaphore with --limit N > 0); "
+          + "--also takes locks only, not with --limit or --mode read|write");
+      return 2;
+    }
     LockOptions o = LockOptions.defaults().value(opts.getOrDefault("value", ""));
     if (opts.containsKey("ttl")) {
       o = o.ttl(seconds(opts.get("ttl")));
@@ -101,13 +117,42 @@ public final class Main {
     }
     Lease lease;
     try {
-      lease = limit > 0 ? client.semaphore(key, limit, o) : client.lock(key, o);
+      switch (mode) {
+        case "read":
+          lease = client.readLock(key, o);
+          break;
+        case "write":
+          lease = client.writeLock(key, o);
+          break;
+        case "semaphore":
+          lease = client.semaphore(key, limit, o);
+          break;
+        default:
+          if (also.isEmpty()) {
+            lease = client.lock(key, o);
+          } else {
+            List<String> keys = new ArrayList<>();
+            keys.add(key);
+            keys.addAll(also);
+            lease = client.lockAll(keys, o);
+          }
+          break;
+      }
     } catch (LockBrokerException e) {
       emit("event", "error", "error", e.getMessage(), "reason", e.reason(), "type", e.getClass().getSimpleName());
       return 1;
     }
-    emit("event", "acquired", "key", key, "token", lease.token(), "session_id", lease.sessionId(),
-        "deadline_in", lease.timeLeft().toMillis() / 1000.0);
+    String acquired = json("event", "acquired", "key", key, "token", lease.token(), "session_id",
+        lease.sessionId(), "mode", mode, "deadline_in", lease.timeLeft().toMillis() / 1000.0);
+    if (also.isEmpty()) {
+      emitRaw(acquired, null, null);
+    } else {
+      StringBuilder tokens = new StringBuilder("[");
+      for (long t : lease.tokens()) {
+        tokens.append(tokens.length() > 1 ? "," : "").append(Long.toUnsignedString(t));
+      }
+      emitRaw(acquired, "tokens", tokens.append(']').toString());
+    }
     CountDownLatch stop = new CountDownLatch(1);
     CountDownLatch finished = new CountDownLatch(1);
     lease.onLost(stop::countDown);
@@ -136,14 +181,14 @@ public final class Main {
       if (lease.isLost()) {
         LockLostException e = lease.lostCause().orElseThrow();
         lease.close();
-        emit("event", "lost", "reason", e.reason(), "detail", e.detail());
+        emit("event", "lost", "reason", e.reason(), "key", e.key(), "detail", e.detail());
         return 2;
       }
       lease.release();
       emit("event", "released", "token", lease.token());
       return 0;
     } catch (LockLostException e) {
-      emit("event", "lost", "reason", e.reason(), "detail", e.detail());
+      emit("event", "lost", "reason", e.reason(), "key", e.key(), "detail", e.detail());
       return 2;
     } finally {
       finished.countDown();

@@ -1,0 +1,221 @@
+package io.lockbroker.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assertions.fail;
+
+import io.grpc.ManagedChannel;
+import io.grpc.ManagedChannelBuilder;
+import io.lockbroker.testing.Broker;
+import io.lockbroker.testing.Cluster;
+import io.lockbroker.v1.Holder;
+import io.lockbroker.v1.LockKind;
+import io.lockbroker.v1.LockServiceGrpc;
+import io.lockbroker.v1.LockState;
+import io.lockbroker.v1.ReleaseRequest;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Optional;
+import java.util.concurrent.TimeUnit;
+import java.util.function.BooleanSupplier;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/**
+ * Read-write and multi-key leases beyond the conformance scenarios (S8,
+ * S9): resume on another replica keeping the kind and every key, try
+ * variants, release from elsewhere, bad input. Real Consul and brokers.
+ */
+@Timeout(value = 90, unit = TimeUnit.SECONDS)
+class RwMultiTest {
+  private static final Duration TTL = Duration.ofSeconds(10);
+  private static final LockOptions BOUNDED = LockOptions.defaults().ttl(TTL).waitTimeout(Duration.ofSeconds(20));
+
+  private static LockClient shared() {
+    return LockClient.builder().target(Cluster.get().broker().addr()).build();
+  }
+
+  private static void waitFor(BooleanSupplier cond, Duration timeout, String what) throws InterruptedException {
+    long end = System.nanoTime() + timeout.toNanos();
+    while (!cond.getAsBoolean()) {
+      if (System.nanoTime() > end) {
+        fail(what + ": not within " + timeout);
+      }
+      Thread.sleep(20);
+    }
+  }
+
+  private static Holder holder(LockState st, String session) {
+    for (Holder h : st.getHoldersList()) {
+      if (h.getSessionId().equals(session)) {
+        return h;
+      }
+    }
+    throw new AssertionError("session " + session + " does not hold: " + st);
+  }
+
+  @Test
+  void readLeaseResumesOnAnotherReplicaAsAReader() throws Exception {
+    String key = Cluster.key("rw-resume-read");
+    try (Broker a = Cluster.get().newBroker("rw-read-a"); Broker b = Cluster.get().newBroker("rw-read-b");
+        LockClient c = LockClient.builder().targets(a.addr(), b.addr()).build(); LockClient other = shared()) {
+      Lease r = c.readLock(key, BOUNDED);
+      Lease r2 = other.readLock(key, BOUNDED);
+      assertEquals(a.addr(), r.target());
+      assertTrue(r.isRead());
+      long token = r.token();
+      a.kill();
+      waitFor(() -> r.resumeCount() > 0 || r.isLost(), TTL, "resume on B");
+      assertFalse(r.isLost(), String.valueOf(r.lostCause()));
+      assertEquals(b.addr(), r.target());
+      assertEquals(token, r.token());
+      LockState st = other.getLock(key);
+      assertEquals(LockKind.LOCK_KIND_RWLOCK, st.getKind(), st.toString());
+      assertEquals(2, st.getHoldersCount(), st.toString());
+      assertTrue(holder(st, r.sessionId()).getRead(), "resumed as a writer: " + st);
+      assertEquals(token, holder(st, r.sessionId()).getToken(), st.toString());
+      // Still a shared hold: another reader joins, a writer cannot.
+      Optional<Lease> w = other.tryWriteLock(key, BOUNDED);
+      w.ifPresent(Lease::close);
+      assertTrue(w.isEmpty(), "a writer was granted beside resumed readers");
+      Optional<Lease> r3 = other.tryReadLock(key, BOUNDED);
+      assertTrue(r3.isPresent(), "a reader was refused beside resumed readers");
+      r3.get().release();
+      r.release();
+      r2.release();
+      assertEquals(0, other.getLock(key).getHoldersCount());
+    }
+  }
+
+  @Test
+  void writeLeaseResumesOnAnotherReplicaAsTheWriter() throws Exception {
+    String key = Cluster.key("rw-resume-write");
+    try (Broker a = Cluster.get().newBroker("rw-write-a"); Broker b = Cluster.get().newBroker("rw-write-b");
+        LockClient c = LockClient.builder().targets(a.addr(), b.addr()).build(); LockClient other = shared()) {
+      Lease w = c.writeLock(key, BOUNDED);
+      assertFalse(w.isRead());
+      long token = w.token();
+      a.kill();
+      waitFor(() -> w.resumeCount() > 0 || w.isLost(), TTL, "resume on B");
+      assertFalse(w.isLost(), String.valueOf(w.lostCause()));
+      assertEquals(token, w.token());
+      LockState st = other.getLock(key);
+      assertEquals(1, st.getHoldersCount(), st.toString());
+      assertFalse(holder(st, w.sessionId()).getRead(), "resumed as a reader: " + st);
+      Optional<Lease> r = other.tryReadLock(key, BOUNDED);
+      r.ifPresent(Lease::close);
+      assertTrue(r.isEmpty(), "a reader was granted beside the resumed writer");
+      LockHeldException held = assertThrows(LockHeldException.class,
+          () -> other.readLock(key, BOUNDED.waitTimeout(Duration.ZERO)));
+      assertTrue(held.holders().stream().anyMatch(h -> h.getSessionId().equals(w.sessionId())), held.toString());
+      w.release();
+      try (Lease next = other.writeLock(key, BOUNDED)) {
+        assertTrue(Long.compareUnsigned(next.token(), token) > 0, "next writer's token not above " + token);
+      }
+    }
+  }
+
+  @Test
+  void multiKeyLeaseResumesOnAnotherReplicaWithEveryKey() throws Exception {
+    String base = Cluster.key("multi-resume");
+    List<String> keys = List.of(base + "/x", base + "/y", base + "/z");
+    try (Broker a = Cluster.get().newBroker("multi-a"); Broker b = Cluster.get().newBroker("multi-b");
+        LockClient c = LockClient.builder().targets(a.addr(), b.addr()).build(); LockClient other = shared()) {
+      Lease l = c.lockAll(keys, BOUNDED);
+      assertEquals(keys, l.keys());
+      List<Long> tokens = l.tokens();
+      a.kill();
+      waitFor(() -> l.resumeCount() > 0 || l.isLost(), TTL, "resume on B");
+      assertFalse(l.isLost(), String.valueOf(l.lostCause()));
+      assertEquals(tokens, l.tokens());
+      for (int i = 0; i < keys.size(); i++) {
+        LockState st = other.getLock(keys.get(i));
+        assertEquals(1, st.getHoldersCount(), st.toString());
+        assertEquals(tokens.get(i).longValue(), holder(st, l.sessionId()).getToken(), st.toString());
+      }
+      assertTrue(other.tryLock(keys.get(2)).isEmpty(), "the last key was free after the resume");
+      waitFor(() -> l.deadlineNanos() - System.nanoTime() > TimeUnit.SECONDS.toNanos(7), TTL, "keepalives from B");
+      l.release();
+      for (String k : keys) {
+        assertEquals(0, other.getLock(k).getHoldersCount(), k + " held after the release");
+      }
+    }
+  }
+
+  @Test
+  void releaseOfOneKeyFromElsewhereEndsTheWholeLease() throws Exception {
+    String base = Cluster.key("multi-released");
+    List<String> keys = List.of(base + "/p", base + "/q");
+    ManagedChannel ch = ManagedChannelBuilder.forTarget(Cluster.get().broker().addr()).usePlaintext().build();
+    try (LockClient c = shared()) {
+      Lease l = c.lockAll(keys, BOUNDED);
+      LockServiceGrpc.newBlockingStub(ch).withDeadlineAfter(5, TimeUnit.SECONDS).release(
+          ReleaseRequest.newBuilder().setKey(keys.get(1)).setSessionId(l.sessionId())
+              .setToken(l.tokens().get(1)).build());
+      assertTrue(l.awaitLost(Duration.ofSeconds(5)), "no loss after a Release from elsewhere");
+      assertEquals(LockLostException.RELEASED, l.lostCause().orElseThrow().reason());
+      for (String k : keys) {
+        assertEquals(0, c.getLock(k).getHoldersCount(), k + " held after the Release of " + keys.get(1));
+      }
+    } finally {
+      ch.shutdownNow();
+    }
+  }
+
+  @Test
+  void tryLockAllIsEmptyWhenAnyKeyIsHeldAndTakesNone() throws Exception {
+    String base = Cluster.key("multi-try");
+    try (LockClient c = shared(); LockClient other = shared()) {
+      Lease held = c.lock(base + "/2", BOUNDED);
+      Optional<Lease> all = other.tryLockAll(List.of(base + "/1", base + "/2", base + "/3"), BOUNDED);
+      all.ifPresent(Lease::close);
+      assertTrue(all.isEmpty(), "lockAll granted with a key held");
+      for (String k : List.of(base + "/1", base + "/3")) {
+        assertEquals(0, other.getLock(k).getHoldersCount(), k + " held by a refused lockAll");
+      }
+      LockHeldException e = assertThrows(LockHeldException.class,
+          () -> other.lockAll(List.of(base + "/1", base + "/2"), BOUNDED.waitTimeout(Duration.ZERO)));
+      assertEquals("LOCK_HELD", e.reason(), e.toString());
+      held.release();
+      try (Lease l = other.tryLockAll(List.of(base + "/1", base + "/2", base + "/3"), BOUNDED).orElseThrow()) {
+        assertEquals(3, l.tokens().size());
+        assertFalse(l.isRead());
+      }
+      try (Lease one = other.lockAll(List.of(base + "/solo"), BOUNDED)) { // one key: a plain lock
+        assertEquals(List.of(base + "/solo"), one.keys());
+        assertEquals(List.of(one.token()), one.tokens());
+      }
+    }
+  }
+
+  @Test
+  void badKeysAreRefusedAndNothingIsHeld() throws Exception {
+    String base = Cluster.key("multi-bad");
+    try (LockClient c = shared()) {
+      assertThrows(IllegalArgumentException.class, () -> c.lockAll(List.of()));
+      assertThrows(NullPointerException.class, () -> c.lockAll(Arrays.asList(base + "/a", null)));
+      InvalidArgumentException dup = assertThrows(InvalidArgumentException.class,
+          () -> c.lockAll(List.of(base + "/a", base + "/b", base + "/b"), BOUNDED));
+      assertTrue(dup.fieldViolations().keySet().stream().anyMatch(f -> f.startsWith("keys")),
+          "no violation names keys: " + dup);
+      InvalidArgumentException bad = assertThrows(InvalidArgumentException.class,
+          () -> c.lockAll(List.of(base + "/a", "/leading-slash"), BOUNDED));
+      assertTrue(bad.fieldViolations().keySet().stream().anyMatch(f -> f.startsWith("keys")),
+          "no violation names keys: " + bad);
+      List<String> many = new ArrayList<>();
+      for (int i = 0; i < 65; i++) {
+        many.add(base + "/m" + i);
+      }
+      InvalidArgumentException tooMany = assertThrows(InvalidArgumentException.class, () -> c.lockAll(many, BOUNDED));
+      assertTrue(tooMany.fieldViolations().keySet().stream().anyMatch(f -> f.startsWith("keys")),
+          "no violation names keys: " + tooMany);
+      for (String k : List.of(base + "/a", base + "/b", base + "/m0")) {
+        assertEquals(0, c.getLock(k).getHoldersCount(), k + " held after a refused request");
+      }
+    }
+  }
+}
