@@ -1,0 +1,103 @@
+package client_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockbroker/lockbroker/client"
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// RWMutex against a broker and Consul: readers share, a writer is busy
+// beside them, kind conflicts are ErrKindConflict both ways, a semaphore
+// limit mismatch is not.
+func TestRWMutexAgainstBroker(t *testing.T) {
+	c, r := newClient(t)
+	other := client.New(dial(t, r.Addr))
+	rw := c.RWLock("rwmutex/k")
+
+	r1, err := rw.RLock(ctx(t), client.WithValue([]byte("r1")))
+	require.NoError(t, err)
+	r2, err := other.RWLock("rwmutex/k").TryRLock(ctx(t), client.WithValue([]byte("r2")))
+	require.NoError(t, err, "readers share")
+	assert.True(t, r1.Sequencer().GetRead())
+	assert.Greater(t, r2.Sequencer().GetToken(), r1.Sequencer().GetToken())
+
+	_, err = other.RWLock("rwmutex/k").TryLock(ctx(t))
+	require.ErrorIs(t, err, client.ErrBusy, "a writer beside readers")
+	var se *client.StatusError
+	require.ErrorAs(t, err, &se)
+	assert.ElementsMatch(t, []string{r1.Sequencer().GetSessionId(), r2.Sequencer().GetSessionId()}, sessions(se.Holders))
+	assert.NotErrorIs(t, err, client.ErrKindConflict)
+
+	_, err = other.TryLock(ctx(t), "rwmutex/k")
+	require.ErrorIs(t, err, client.ErrKindConflict, "a plain lock of a read-write key")
+	require.ErrorIs(t, err, client.ErrConflict)
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, lockbrokerv1.LockKind_LOCK_KIND_RWLOCK, se.State.GetKind())
+
+	plain, err := c.Lock(ctx(t), "rwmutex/plain")
+	require.NoError(t, err)
+	_, err = other.RWLock("rwmutex/plain").TryRLock(ctx(t))
+	require.ErrorIs(t, err, client.ErrKindConflict, "a read hold of a plain lock key")
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, lockbrokerv1.LockKind_LOCK_KIND_LOCK, se.State.GetKind())
+
+	sem, err := c.Lock(ctx(t), "rwmutex/sem", client.WithLimit(3))
+	require.NoError(t, err)
+	_, err = other.TryLock(ctx(t), "rwmutex/sem", client.WithLimit(2))
+	require.ErrorIs(t, err, client.ErrConflict, "another limit")
+	assert.NotErrorIs(t, err, client.ErrKindConflict, "a limit mismatch is not a kind conflict")
+
+	for _, l := range []*client.Lease{r1, r2, plain, sem} {
+		require.NoError(t, l.Release(ctx(t)))
+	}
+	w, err := rw.TryLock(ctx(t))
+	require.NoError(t, err, "free once the readers released")
+	assert.False(t, w.Sequencer().GetRead())
+	assert.Greater(t, w.Sequencer().GetToken(), r2.Sequencer().GetToken())
+	require.NoError(t, w.Release(ctx(t)))
+}
+
+// A read or write hold whose replica is killed resumes on the other as
+// the same kind of hold, with the same grant.
+func TestRWHoldResumesOnAnotherReplica(t *testing.T) {
+	for _, write := range []bool{false, true} {
+		name := map[bool]string{false: "read", true: "write"}[write]
+		t.Run(name, func(t *testing.T) {
+			agent := consultest.Start(t)
+			a := brokertest.StartProcess(t, agent)
+			b := brokertest.StartProcess(t, agent)
+			c := client.New(dial(t, a.Addr), client.WithReplicas(dial(t, b.Addr)))
+			observer := client.New(dial(t, b.Addr))
+			rw := c.RWLock("rwmutex/resume-" + name)
+			take := rw.RLock
+			if write {
+				take = rw.Lock
+			}
+			lease, err := take(ctx(t), client.WithTTL(10*time.Second))
+			require.NoError(t, err)
+			seq := lease.Sequencer()
+			a.Kill()
+			require.True(t, waitUntil(15*time.Second, func() bool { return lease.Replica() == 1 || lease.Err() != nil }), "not resumed on B")
+			require.NoError(t, lease.Err())
+			assert.Equal(t, seq.GetToken(), lease.Sequencer().GetToken())
+			assert.Equal(t, !write, lease.Sequencer().GetRead())
+			st, err := observer.GetLock(ctx(t), "rwmutex/resume-"+name)
+			require.NoError(t, err)
+			require.Len(t, st.GetHolders(), 1)
+			assert.Equal(t, !write, st.GetHolders()[0].GetRead(), "still the same kind of hold")
+			ok, _, err := observer.CheckSequencer(ctx(t), lease.Sequencer())
+			require.NoError(t, err)
+			assert.True(t, ok)
+			_, err = observer.RWLock("rwmutex/resume-" + name).TryLock(ctx(t))
+			assert.ErrorIs(t, err, client.ErrBusy, "a writer is still excluded")
+			require.NoError(t, lease.Release(ctx(t)))
+		})
+	}
+}
