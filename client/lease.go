@@ -574,8 +574,9 @@ func (l *Lease) tryResume(i int, req *lockbrokerv1.AcquireRequest) (lockbrokerv1
 		resp, err = stream.Recv()
 	}
 	if !t.Stop() || err != nil {
+		timedOut := sctx.Err() != nil // before cancel, which sets it
 		cancel()
-		if err == nil || sctx.Err() != nil { // timed out: not a refusal
+		if err == nil || timedOut { // timed out: not a refusal
 			err = status.Error(codes.DeadlineExceeded, "resume attempt timed out")
 		}
 		return nil, err

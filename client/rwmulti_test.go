@@ -101,3 +101,77 @@ func TestRWHoldResumesOnAnotherReplica(t *testing.T) {
 		})
 	}
 }
+
+// A multi-key lock against a broker: a grant per key in order, each key
+// held by the one session; a loss of one key names it and ends the lease;
+// WithKeys on a read-write lock or a semaphore is invalid.
+func TestMultiKeyLockAgainstBroker(t *testing.T) {
+	agent := consultest.Start(t)
+	r := brokertest.Start(t, agent)
+	c, other := client.New(dial(t, r.Addr)), client.New(dial(t, r.Addr))
+	keys := []string{"multi/x", "multi/y", "multi/z"}
+
+	lease, err := c.Lock(ctx(t), keys[0], client.WithKeys(keys[1:]...))
+	require.NoError(t, err)
+	assert.Equal(t, keys, lease.Keys())
+	seqs := lease.Sequencers()
+	require.Len(t, seqs, 3)
+	for i, s := range seqs {
+		assert.Equal(t, keys[i], s.GetKey())
+		assert.Equal(t, lease.Sequencer().GetSessionId(), s.GetSessionId())
+		ok, _, err := other.CheckSequencer(ctx(t), s)
+		require.NoError(t, err)
+		assert.True(t, ok, "the grant of %s is current", s.GetKey())
+	}
+	_, err = other.TryLock(ctx(t), keys[2])
+	require.ErrorIs(t, err, client.ErrBusy)
+
+	_, err = agent.Client().KV().Delete(keys[1], nil)
+	require.NoError(t, err)
+	select {
+	case <-lease.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the loss of a key was not reported")
+	}
+	assert.Equal(t, keys[1], lease.LostKey())
+	require.True(t, waitUntil(5*time.Second, func() bool {
+		st, err := other.GetLock(ctx(t), keys[2])
+		return err == nil && len(st.GetHolders()) == 0
+	}), "the other keys are released")
+
+	_, err = c.RWLock("multi/rw").TryLock(ctx(t), client.WithKeys("multi/rw2"))
+	assert.ErrorIs(t, err, client.ErrInvalidArgument, "WithKeys on a read-write lock")
+	_, err = c.TryLock(ctx(t), "multi/sem", client.WithLimit(2), client.WithKeys("multi/sem2"))
+	assert.ErrorIs(t, err, client.ErrInvalidArgument, "WithKeys on a semaphore")
+}
+
+// A multi-key lease whose replica is killed resumes on the other with
+// every key, and Release there releases them all.
+func TestMultiKeyLeaseResumesOnAnotherReplica(t *testing.T) {
+	agent := consultest.Start(t)
+	a := brokertest.StartProcess(t, agent)
+	b := brokertest.StartProcess(t, agent)
+	c := client.New(dial(t, a.Addr), client.WithReplicas(dial(t, b.Addr)))
+	observer := client.New(dial(t, b.Addr))
+	keys := []string{"multi/resume-a", "multi/resume-b"}
+	lease, err := c.Lock(ctx(t), keys[0], client.WithKeys(keys[1]), client.WithTTL(10*time.Second))
+	require.NoError(t, err)
+	before := lease.Sequencers()
+	a.Kill()
+	require.True(t, waitUntil(15*time.Second, func() bool { return lease.Replica() == 1 || lease.Err() != nil }), "not resumed on B")
+	require.NoError(t, lease.Err())
+	after := lease.Sequencers()
+	require.Len(t, after, 2)
+	for i := range before {
+		assert.Equal(t, before[i].GetToken(), after[i].GetToken())
+		st, err := observer.GetLock(ctx(t), keys[i])
+		require.NoError(t, err)
+		assert.Equal(t, []string{before[i].GetSessionId()}, sessions(st.GetHolders()), "%s still held", keys[i])
+	}
+	require.NoError(t, lease.Release(ctx(t)))
+	for _, k := range keys {
+		st, err := observer.GetLock(ctx(t), k)
+		require.NoError(t, err)
+		assert.Empty(t, st.GetHolders(), "%s released", k)
+	}
+}

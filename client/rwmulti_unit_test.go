@@ -267,3 +267,32 @@ func TestResumeCarriesModeAndKeys(t *testing.T) {
 		})
 	}
 }
+
+// A replica that refuses the resume (FAILED_PRECONDITION: the session no
+// longer holds the key) ends the lease at once with RESUME_REFUSED; it is
+// not taken for a timeout and retried until the deadline.
+func TestResumeRefusedEndsTheLease(t *testing.T) {
+	die := &scripted{script: func(req *lockbrokerv1.AcquireRequest, stream grpc.ServerStreamingServer[lockbrokerv1.AcquireResponse]) error {
+		if err := stream.Send(acquired(req, false)); err != nil {
+			return err
+		}
+		return status.Error(codes.Unavailable, "replica going away")
+	}}
+	refuse := &scripted{script: func(req *lockbrokerv1.AcquireRequest, _ grpc.ServerStreamingServer[lockbrokerv1.AcquireResponse]) error {
+		return status.Error(codes.FailedPrecondition, "cannot resume: the session does not hold the key")
+	}}
+	c := client.New(dial(t, serve(t, die)), client.WithReplicas(dial(t, serve(t, refuse))))
+	start := time.Now()
+	l, err := c.Lock(ctx(t), "k", client.WithKeys("k2"))
+	require.NoError(t, err)
+	select {
+	case <-l.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a refused resume did not end the lease within 5s (its deadline is 10s away)")
+	}
+	assert.Less(t, time.Since(start), 5*time.Second)
+	le, ok := errors.AsType[*client.LostError](l.Err())
+	require.True(t, ok, "%v", l.Err())
+	assert.Equal(t, client.CauseResumeRefused, le.Cause)
+	assert.Len(t, refuse.requests(), 1, "refused once, not retried")
+}
