@@ -64,6 +64,13 @@ func TestRWMutexAgainstBroker(t *testing.T) {
 	require.NoError(t, w.Release(ctx(t)))
 }
 
+// resumedOn is whether lease holds through replica i with a deadline
+// later than known: the resume there answered (Replica names the replica
+// being tried while the resume runs).
+func resumedOn(lease *client.Lease, i int, known time.Time) bool {
+	return lease.Replica() == i && lease.Deadline().After(known)
+}
+
 // A read or write hold whose replica is killed resumes on the other as
 // the same kind of hold, with the same grant.
 func TestRWHoldResumesOnAnotherReplica(t *testing.T) {
@@ -82,9 +89,9 @@ func TestRWHoldResumesOnAnotherReplica(t *testing.T) {
 			}
 			lease, err := take(ctx(t), client.WithTTL(10*time.Second))
 			require.NoError(t, err)
-			seq := lease.Sequencer()
+			seq, known := lease.Sequencer(), lease.Deadline()
 			a.Kill()
-			require.True(t, waitUntil(15*time.Second, func() bool { return lease.Replica() == 1 || lease.Err() != nil }), "not resumed on B")
+			require.True(t, waitUntil(15*time.Second, func() bool { return resumedOn(lease, 1, known) || lease.Err() != nil }), "not resumed on B")
 			require.NoError(t, lease.Err())
 			assert.Equal(t, seq.GetToken(), lease.Sequencer().GetToken())
 			assert.Equal(t, !write, lease.Sequencer().GetRead())
@@ -156,9 +163,9 @@ func TestMultiKeyLeaseResumesOnAnotherReplica(t *testing.T) {
 	keys := []string{"multi/resume-a", "multi/resume-b"}
 	lease, err := c.Lock(ctx(t), keys[0], client.WithKeys(keys[1]), client.WithTTL(10*time.Second))
 	require.NoError(t, err)
-	before := lease.Sequencers()
+	before, known := lease.Sequencers(), lease.Deadline()
 	a.Kill()
-	require.True(t, waitUntil(15*time.Second, func() bool { return lease.Replica() == 1 || lease.Err() != nil }), "not resumed on B")
+	require.True(t, waitUntil(15*time.Second, func() bool { return resumedOn(lease, 1, known) || lease.Err() != nil }), "not resumed on B")
 	require.NoError(t, lease.Err())
 	after := lease.Sequencers()
 	require.Len(t, after, 2)
