@@ -603,8 +603,13 @@ func (s *supervisor) run() error {
 			s.heard(d)
 			if s.f.verbose {
 				seq := res.acq.GetSequencer()
-				fmt.Fprintf(s.c.stderr, "lockctl: resumed on %s: session %s, token %d, held for at least %v\n",
-					s.cur.addr, seq.GetSessionId(), seq.GetToken(), d.Round(time.Millisecond))
+				if seqs := grantSequencers(res.acq); len(seqs) > 1 || s.f.mode() != "" {
+					fmt.Fprintf(s.c.stderr, "lockctl: resumed on %s: %s, held for at least %v\n",
+						s.cur.addr, grantText(seqs, s.f), d.Round(time.Millisecond))
+				} else {
+					fmt.Fprintf(s.c.stderr, "lockctl: resumed on %s: session %s, token %d, held for at least %v\n",
+						s.cur.addr, seq.GetSessionId(), seq.GetToken(), d.Round(time.Millisecond))
+				}
 			}
 			continue
 		case ev := <-events:

@@ -1,6 +1,7 @@
 package lockctl_test
 
 import (
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -8,8 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
 // `lockctl lock --read|--write KEY -- cmd` and `lockctl lock K1 K2 ... --
@@ -129,4 +134,49 @@ func testMultiKey(t *testing.T, h *harness) {
 	assert.Greater(t, token(t, strings.Fields(parts2[0])[0]), token(t, tokens[2]), "c's token grows")
 	_ = second.cmd.Process.Signal(syscall.SIGTERM)
 	second.wait(t, 15*time.Second)
+}
+
+// TestLockResumesRWAndMultiKey: a --write hold and a multi-key hold whose
+// broker is killed resume on the other broker as the same hold (every
+// key, the same tokens); the command is never signalled and lockctl exits
+// with its code.
+func TestLockResumesRWAndMultiKey(t *testing.T) {
+	lockctl := brokertest.Build(t, "./cmd/lockctl", "lockctl")
+	agent := consultest.Start(t)
+	h := &harness{lockctl: lockctl}
+	kv := agent.Client().KV()
+	for _, tt := range []struct {
+		name string
+		args []string // flags and keys
+		want string   // in the resumed line, after the tokens are known
+	}{
+		{"write", []string{"--write", "lockctl-test/resume-rw"}, `"lockctl-test/resume-rw" (write): session `},
+		{"multi-key", []string{"lockctl-test/resume-m1", "lockctl-test/resume-m2"}, `"lockctl-test/resume-m1" (token `},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := brokertest.StartProcess(t, agent), brokertest.StartProcess(t, agent)
+			file := filepath.Join(t.TempDir(), "child")
+			args := append(append([]string{"--addr", a.Addr + "," + b.Addr, "lock", "-v", "--ttl", "10s"}, tt.args...), "--", "sh", "-c", resumeScript, file)
+			p := h.start(t, nil, args...)
+			got := p.waitFile(t, file)
+			session, token := got[0], got[1]
+
+			a.Kill()
+			require.Eventually(t, func() bool { return strings.Contains(p.stderr.String(), "lockctl: resumed on "+b.Addr) },
+				15*time.Second, 20*time.Millisecond, "no resume on B; stderr: %s", p.stderr.String())
+			assert.Contains(t, p.stderr.String(), "lockctl: resumed on "+b.Addr+": "+tt.want)
+			assert.Contains(t, p.stderr.String(), "token "+token, "the same grant")
+			if tt.name == "multi-key" {
+				for _, k := range tt.args {
+					e, _, err := kv.Get(k, &api.QueryOptions{RequireConsistent: true})
+					require.NoError(t, err)
+					require.NotNil(t, e, k)
+					assert.Equal(t, session, e.Session, "%s still held by the session", k)
+				}
+			}
+			require.NoError(t, os.WriteFile(file+".go", nil, 0o644))
+			assert.Equal(t, 0, p.wait(t, 15*time.Second), "stderr: %s", p.stderr.String())
+			assert.NoFileExists(t, file+".term", "the command was never signalled")
+		})
+	}
 }
