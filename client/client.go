@@ -9,6 +9,12 @@
 // runs again. Work that must never run twice at once must therefore pass
 // Lease.Sequencer().Token to the resource it changes, and the resource must
 // refuse tokens lower than the highest it has seen (fencing).
+//
+// Besides locks (Client.Lock) and semaphore slots (WithLimit), it takes
+// read-write locks (Client.RWLock: many readers or one writer, served in
+// arrival order) and multi-key locks (Client.Lock with WithKeys: up to 64
+// keys, all or nothing, one token per key in Lease.Sequencers). Each
+// returns the same *Lease.
 package client
 
 import (
