@@ -296,3 +296,13 @@ func TestResumeRefusedEndsTheLease(t *testing.T) {
 	assert.Equal(t, client.CauseResumeRefused, le.Cause)
 	assert.Len(t, refuse.requests(), 1, "refused once, not retried")
 }
+
+// TryAcquire takes one key: WithKeys is refused before any call.
+func TestTryAcquireRefusesWithKeys(t *testing.T) {
+	ls := &scripted{}
+	c := client.New(dial(t, serve(t, ls)))
+	_, err := c.TryAcquire(ctx(t), sid, "a", client.WithKeys("b"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "WithKeys")
+	assert.Empty(t, ls.requests())
+}
