@@ -25,16 +25,18 @@ import (
 // nothing in one Consul transaction, against a real Consul agent and
 // broker processes.
 
-// twoReplicas starts two broker processes on one agent.
+// twoReplicas starts two broker replicas on one agent: the first in this
+// process (so that -race watches the broker's own goroutines), the
+// second a broker process.
 func twoReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClient) {
 	t.Helper()
 	agent := consultest.Start(t)
-	var cs []lockbrokerv1.LockServiceClient
-	for range 2 {
-		p := brokertest.StartProcess(t, agent)
-		cs = append(cs, lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr)))
+	r := brokertest.Start(t, agent)
+	p := brokertest.StartProcess(t, agent)
+	return agent, []lockbrokerv1.LockServiceClient{
+		lockbrokerv1.NewLockServiceClient(lkDial(t, r.Addr)),
+		lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr)),
 	}
-	return agent, cs
 }
 
 // mkKeys is n keys under prefix.
@@ -292,8 +294,9 @@ func TestMultiKeyResumeOnOtherReplica(t *testing.T) {
 }
 
 // Multi-key requests on overlapping keys, in opposite orders, from
-// several clients over two replicas: all are granted (no deadlock), and
-// no two holders ever overlap.
+// several clients over two replicas: all are granted (no deadlock), no
+// two holders ever overlap, and Consul, polled throughout (one consistent
+// listing at a time), never shows a session holding part of its keys.
 func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 	agent, cs := twoReplicas(t)
 	cc := agent.Client()
@@ -314,6 +317,37 @@ func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	polled, partial := 0, 0
+	pollStop := make(chan struct{})
+	var poller sync.WaitGroup
+	poller.Go(func() {
+		for {
+			select {
+			case <-pollStop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			kvs, _, err := cc.KV().List("multi/dl/", &api.QueryOptions{RequireConsistent: true})
+			if err != nil {
+				continue
+			}
+			bySession := map[string][]string{}
+			for _, kv := range kvs {
+				if kv.Session != "" && !strings.Contains(kv.Key, "/.queue") {
+					bySession[kv.Session] = append(bySession[kv.Session], kv.Key)
+				}
+			}
+			polled++
+			for s, held := range bySession {
+				if !slices.ContainsFunc(sets, func(set []string) bool {
+					return len(set) == len(held) && !slices.ContainsFunc(set, func(k string) bool { return !slices.Contains(held, k) })
+				}) {
+					partial++
+					t.Errorf("session %s holds %v: not one request's whole set", s, held)
+				}
+			}
+		}
+	})
 	var wg sync.WaitGroup
 	for i, set := range sets {
 		c := cs[i%2]
@@ -361,6 +395,9 @@ func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	close(pollStop)
+	poller.Wait()
+	t.Logf("%d grants; %d consistent listings of Consul, %d with a partial hold", grants, polled, partial)
 	require.NoError(t, ctx.Err(), "every request was granted within the bound")
 	assert.Equal(t, len(sets)*rounds, grants)
 	require.Eventually(t, func() bool { return len(freeKeys(t, cc, all)) == len(all) }, 5*time.Second, 50*time.Millisecond)
@@ -411,6 +448,7 @@ func TestMultiKeyInvalid(t *testing.T) {
 		{"key repeated in keys", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "b"}}, "keys"},
 		{"keys repeats key", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "a"}}, "keys"},
 		{"64 in keys", &lockbrokerv1.AcquireRequest{Key: many[0], Keys: many[1:]}, "keys"},
+		{"values too large together", &lockbrokerv1.AcquireRequest{Key: many[0], Keys: many[1:63], Value: make([]byte, 8192)}, "value"},
 		{"bad key syntax", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "/c"}}, "keys"},
 		{"client session", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b"}, Session: &lockbrokerv1.AcquireRequest_SessionId{SessionId: "8c2a94e1-7a8f-4d3c-9a43-3f3d4a7a1b2c"}}, "keys"},
 	} {
@@ -433,5 +471,87 @@ func TestMultiKeyInvalid(t *testing.T) {
 	require.Equal(t, len(before.Sessions), len(after.Sessions), "no session made")
 	for _, kv := range after.KV {
 		assert.False(t, strings.HasPrefix(kv.Key, "a") || strings.HasPrefix(kv.Key, "b") || strings.HasPrefix(kv.Key, "multi/"), "written: %s", kv.Key)
+	}
+}
+
+// ListHolds lists every key of a multi-key hold with the others in
+// with_keys, and a waiter (on the replica asked) on each of its keys;
+// GetLock and CheckSequencer work per key as for any lock.
+func TestMultiKeyListHoldsAndPerKeyCalls(t *testing.T) {
+	agent := consultest.Start(t)
+	var cs []lockbrokerv1.LockServiceClient
+	var admins []lockbrokerv1.AdminServiceClient
+	for range 2 {
+		p := brokertest.StartProcess(t, agent)
+		conn := lkDial(t, p.Addr)
+		cs = append(cs, lockbrokerv1.NewLockServiceClient(conn))
+		admins = append(admins, lockbrokerv1.NewAdminServiceClient(conn))
+	}
+	keys := mkKeys("multi/list", 3)
+	m := acquire(t, cs[0], multiReq(keys, "v"))
+	a := m.acquired(10 * time.Second)
+	session := a.GetSequencer().GetSessionId()
+	w := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: keys[2], Keys: []string{"multi/list/k09"}, Session: fast()})
+	wsession := w.next(10*time.Second, isQueued).GetQueued().GetSessionId()
+
+	for i, admin := range admins {
+		resp, err := admin.ListHolds(lkCtx(t), &lockbrokerv1.ListHoldsRequest{KeyPrefix: "multi/list/"})
+		require.NoError(t, err)
+		held := map[string][]string{}
+		waiting := map[string][]string{}
+		for _, h := range resp.GetHolds() {
+			switch {
+			case h.GetSessionId() == session && !h.GetWaiting():
+				held[h.GetKey()] = h.GetWithKeys()
+				assert.Equal(t, a.GetSequencers()[slices.Index(keys, h.GetKey())].GetToken(), h.GetToken())
+			case h.GetSessionId() == wsession && h.GetWaiting():
+				waiting[h.GetKey()] = h.GetWithKeys()
+			}
+		}
+		require.Len(t, held, 3, "replica %d lists every key of the hold", i)
+		for _, k := range keys {
+			assert.ElementsMatch(t, slices.DeleteFunc(slices.Clone(keys), func(o string) bool { return o == k }), held[k], "with_keys of %s", k)
+		}
+		require.Contains(t, waiting, keys[2], "replica %d lists the waiter in the queue of %s", i, keys[2])
+		assert.Equal(t, []string{"multi/list/k09"}, waiting[keys[2]], "replica %d", i)
+		assert.Equal(t, []string{keys[2]}, waiting["multi/list/k09"], "replica %d", i)
+	}
+	for i, s := range a.GetSequencers() {
+		st := lkGetLock(t, cs[1], keys[i])
+		assert.Equal(t, session, lkHolder(t, st).GetSessionId())
+		cur, err := cs[1].CheckSequencer(lkCtx(t), &lockbrokerv1.CheckSequencerRequest{Sequencer: s})
+		require.NoError(t, err)
+		assert.True(t, cur.GetCurrent(), "sequencer of %s", s.GetKey())
+	}
+	// The waiter holds nothing, and gets both keys once the hold ends.
+	require.Empty(t, lockedBy(t, agent.Client(), []string{keys[2], "multi/list/k09"}, wsession))
+	m.cancel()
+	wa := w.acquired(10 * time.Second)
+	require.Len(t, wa.GetSequencers(), 2)
+}
+
+// Keys may nest and span prefixes; a key that is something other than a
+// lock (a semaphore prefix, a foreign entry) refuses the whole request
+// with FAILED_PRECONDITION naming it, and nothing is taken.
+func TestMultiKeyNestedAndConflictingKeys(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	nested := []string{"multi/nest/a", "multi/nest/a/b", "other/prefix/c"}
+	m := acquire(t, cs[0], multiReq(nested, "v"))
+	requireGrant(t, cc, m.acquired(10*time.Second), nested)
+	m.cancel()
+	require.Eventually(t, func() bool { return len(freeKeys(t, cc, nested)) == 3 }, 5*time.Second, 50*time.Millisecond)
+
+	sem := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: "multi/conflict/sem", Limit: 3, Session: fast()})
+	sem.acquired(10 * time.Second)
+	_, err := cc.KV().Put(&api.KVPair{Key: "multi/conflict/foreign", Value: []byte("x"), Flags: 42}, nil)
+	require.NoError(t, err)
+	for _, bad := range []string{"multi/conflict/sem", "multi/conflict/foreign"} {
+		keys := []string{"multi/conflict/a", bad, "multi/conflict/b"}
+		s := acquire(t, cs[0], multiReq(keys, "v"))
+		err := s.end(10 * time.Second)
+		require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+		assert.Contains(t, status.Convert(err).Message(), bad)
+		assert.Len(t, freeKeys(t, cc, []string{"multi/conflict/a", "multi/conflict/b"}), 2)
 	}
 }
