@@ -8,6 +8,10 @@ through a lockbroker broker.
         do_work(fencing_token=lease.token)
         lease.check()           # raises LockLost if the hold is gone
 
+    with client.read_lock("config/routes") as lease: ...      # shared; write_lock: exclusive
+    with client.lock_all(["accounts/a", "accounts/b"]) as lease:  # all or nothing
+        lease.tokens            # one fencing token per key, in order
+
 The library never asks you to renew anything: a hold lives while its lease
 is open. It watches the guaranteed deadline the broker reports, moves the
 hold to another replica when its replica goes away, and reports a loss

@@ -4,9 +4,10 @@ with coroutines.
     from lockbroker import aio
 
     async with aio.Client("127.0.0.1:8700", targets=[...]) as client:
-        async with await client.lock("jobs/nightly", ttl=15, wait=30) as lease:
+        async with client.lock("jobs/nightly", ttl=15, wait=30) as lease:
             await do_work(fencing_token=lease.token)
             lease.check()
+        lease = await client.read_lock("config/routes")   # or: await, release() later
 
 `lease.lost` is an asyncio.Event; on_lost callbacks run on the event loop
 (a coroutine function is scheduled as a task). Create the client inside
@@ -14,6 +15,7 @@ the event loop that uses it.
 """
 
 import asyncio
+import functools
 import inspect
 import logging
 import warnings
@@ -83,6 +85,40 @@ def _stream_error(item):
     return errors.Unavailable(f"stream failed: {item!r}", code=grpc.StatusCode.UNAVAILABLE)
 
 
+class Acquiring:
+    """What lock(), semaphore(), read_lock(), write_lock() and lock_all()
+    return: await it for the Lease, or enter it directly with `async with`
+    (the Lease is released when the block ends):
+
+        lease = await client.read_lock("k")
+        async with client.read_lock("k") as lease: ...
+    """
+
+    __slots__ = ("_coro", "_lease")
+
+    def __init__(self, coro):
+        self._coro = coro
+        self._lease = None
+
+    def __await__(self):
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> "Lease":
+        self._lease = await self._coro
+        return self._lease
+
+    async def __aexit__(self, *exc):
+        await self._lease.release()
+
+
+def _acquiring(fn):
+    """Makes the coroutine method fn return an Acquiring."""
+    @functools.wraps(fn)
+    def method(*args, **kw) -> Acquiring:
+        return Acquiring(fn(*args, **kw))
+    return method
+
+
 class Client:
     """An asyncio lockbroker client; arguments as for lockbroker.Client."""
 
@@ -136,6 +172,7 @@ class Client:
 
     # -- locks ------------------------------------------------------------
 
+    @_acquiring
     async def lock(self, key: str, *, ttl=None, wait=None, value: _core.BytesLike = b"", lock_delay=None,
                    behavior=None, checks=(), session_name=None,
                    on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
@@ -153,6 +190,7 @@ class Client:
         except (errors.LockHeld, errors.LockDelay):
             return None
 
+    @_acquiring
     async def read_lock(self, key: str, *, ttl=None, wait=None, value: _core.BytesLike = b"", lock_delay=None,
                         behavior=None, checks=(), session_name=None,
                         on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
@@ -162,6 +200,7 @@ class Client:
                                     checks=checks, session_name=session_name, mode="read")
         return await self._acquire(req, wait, on_queued)
 
+    @_acquiring
     async def write_lock(self, key: str, *, ttl=None, wait=None, value: _core.BytesLike = b"", lock_delay=None,
                          behavior=None, checks=(), session_name=None,
                          on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
@@ -185,6 +224,7 @@ class Client:
         except (errors.LockHeld, errors.LockDelay):
             return None
 
+    @_acquiring
     async def lock_all(self, keys, *, ttl=None, wait=None, value: _core.BytesLike = b"", lock_delay=None,
                        behavior=None, checks=(), session_name=None,
                        on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
@@ -202,6 +242,7 @@ class Client:
         except (errors.LockHeld, errors.LockDelay):
             return None
 
+    @_acquiring
     async def semaphore(self, prefix: str, limit: int, *, ttl=None, wait=None, value: _core.BytesLike = b"",
                         lock_delay=None, behavior=None, checks=(), session_name=None, fair=False,
                         on_queued: Optional[Callable[[Queued], None]] = None) -> "Lease":
@@ -755,4 +796,4 @@ class Election:
 
 from ._core import TLS  # noqa: E402  (re-exported for `from lockbroker import aio; aio.TLS`)
 
-__all__ = ["Client", "Lease", "Watch", "Election", "TLS"]
+__all__ = ["Client", "Lease", "Acquiring", "Watch", "Election", "TLS"]

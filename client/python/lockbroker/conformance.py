@@ -12,7 +12,9 @@ multi-key lock; holds it for --seconds (or until SIGTERM, or until stdin
 closes when it is a pipe), releases it, and prints JSON lines:
 {"event":"acquired","mode":M,...} (M: lock, semaphore, read or write; a
 multi-key hold adds "keys" and "tokens", one per key in order), then
-{"event":"released"} or {"event":"lost","reason":...} (exit 2); failures
+{"event":"releasing"} (when it starts to let go: its belief that it holds
+ends there) and {"event":"released"}, or {"event":"lost","reason":...}
+(exit 2); failures
 print {"event":"error",...} and exit 1. `watch` prints {"event":"state",...}
 per state.
 """
@@ -92,6 +94,9 @@ def _hold(client, args):
     if err is not None:
         _emit(event="lost", reason=err.reason, detail=err.detail, key=err.key)
         return 2
+    # The hold is given up from here on: what the holder believes it holds
+    # ends now, before the next holder may be granted (S10 reads it).
+    _emit(event="releasing", token=lease.token)
     lease.release()
     _emit(event="released", token=lease.token)
     return 0

@@ -452,7 +452,8 @@ def test_cli_mode_and_also(serve, args, kind, mode, keys):
     rc, lines, err = cli(serve(fake), *args)
     assert rc == 0, (lines, err)
     acquired, released = lines[0], lines[-1]
-    assert acquired["event"] == "acquired" and released["event"] == "released"
+    assert [line["event"] for line in lines] == ["acquired", "releasing", "released"]
+    assert acquired["t"] <= lines[1]["t"] <= released["t"]
     assert acquired["mode"] == mode and acquired["lang"] == "python" and acquired["token"] == 100
     if keys:
         assert acquired["keys"] == keys and acquired["tokens"] == [100 + n for n in range(len(keys))]
@@ -474,3 +475,32 @@ def test_cli_lost_names_the_key(serve):
 def test_cli_refuses_mixed_flags(args):
     rc, lines, _ = cli("127.0.0.1:1", "--key", "a", *args)
     assert rc == 1 and lines[-1]["event"] == "error" and lines[-1]["type"] == "InvalidArgument"
+
+
+@pytest.mark.parametrize("method,arg", [("lock", "k"), ("read_lock", "k"), ("write_lock", "k"),
+                                        ("lock_all", ["a", "b"]), ("semaphore", "p")])
+def test_aio_async_with_without_await(serve, method, arg):
+    """`async with client.read_lock(k) as lease:` (no await) holds for the
+    block and releases at its end; `await` still returns the Lease."""
+    fake = FakeBroker(keepalive=10)
+    addr = serve(fake)
+    extra = (3,) if method == "semaphore" else ()
+
+    def semaphore_grant(req):
+        acq = honest_grant(req)
+        acq.sequencer.kind = types_pb2.LOCK_KIND_SEMAPHORE
+        return acq
+    if method == "semaphore":
+        fake.grant = semaphore_grant
+
+    async def main():
+        async with aio.Client(addr, timeout=5) as c:
+            async with getattr(c, method)(arg, *extra) as lease:
+                assert isinstance(lease, aio.Lease) and not lease.released
+                assert not fake.released.is_set()
+            assert lease.released and fake.released.is_set()
+            fake.released.clear()
+            lease = await getattr(c, method)(arg, *extra)
+            assert isinstance(lease, aio.Lease)
+            await lease.release()
+    run(main())

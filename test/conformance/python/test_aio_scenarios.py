@@ -221,9 +221,11 @@ def test_aio_s8_read_write_lock(cluster, broker, key):
                     with pytest.raises(lockbroker.Conflict) as on_rw:
                         await c2.try_lock(key)
                     assert on_rw.value.reason == "LIMIT_CONFLICT" and on_rw.value.state.kind == "rwlock"
+                    assert "RWLOCK" in on_rw.value.message
                     with pytest.raises(lockbroker.Conflict) as on_lock:
                         await c1.try_write_lock(plain)
                     assert on_lock.value.reason == "LIMIT_CONFLICT" and on_lock.value.state.kind == "lock"
+                    assert "kind LOCK" in on_lock.value.message
                     assert (await kv_snapshot(cluster, key), await kv_snapshot(cluster, plain)) == before
     run(main())
 
@@ -234,7 +236,7 @@ def test_aio_s9_multi_key_lock(cluster, broker, key, figure):
     async def main():
         async with aio.Client(broker.addr) as client, aio.Client(broker.addr) as other:
             first = await client.lock_all([a, b, c], wait=10)
-            assert first.keys == (a, b, c) and len(set(first.tokens)) == 3
+            assert first.keys == (a, b, c) and len(first.tokens) == 3 and all(t > 0 for t in first.tokens)
             for k, token in zip(first.keys, first.tokens):
                 assert [(h.session_id, h.token) for h in (await other.get_lock(k)).holders] == [
                     (first.session_id, token)]
@@ -247,7 +249,7 @@ def test_aio_s9_multi_key_lock(cluster, broker, key, figure):
                 assert await still_waiting(pending, 0.2)
             assert await first.release()
             second = await asyncio.wait_for(pending, 10)
-            assert second.keys == (c, d)
+            assert second.keys == (c, d) and second.tokens[0] > first.tokens[2]
             t0 = time.monotonic()
             await asyncio.get_running_loop().run_in_executor(None, cluster.consul.http, "DELETE", f"/v1/kv/{d}")
             err = await second.wait_lost(5.0)
