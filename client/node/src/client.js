@@ -598,9 +598,15 @@ export class Client {
     return (await this._unary("session", "listSessions", {})).sessions.map(sessionSummaryFromProto);
   }
 
-  /** Takes `key` now for a client-owned session: the Sequencer, or null when busy. */
-  async tryAcquire(key, sessionId, { value, limit = 0, semaphore = false } = {}) {
-    const req = { key, sessionId, value: asBytes(value), limit, kind: semaphore ? AcquireKind.SEMAPHORE : AcquireKind.LOCK };
+  /**
+   * Takes `key` now for a client-owned session: the Sequencer, or null when
+   * busy. `mode` "read" or "write" takes a read or write hold of the
+   * read-write lock `key`.
+   */
+  async tryAcquire(key, sessionId, { value, limit = 0, semaphore = false, mode } = {}) {
+    const kinds = { read: AcquireKind.READ, write: AcquireKind.WRITE, undefined: semaphore ? AcquireKind.SEMAPHORE : AcquireKind.LOCK };
+    if (!(String(mode) in kinds)) throw new InvalidArgumentError(`mode must be "read" or "write", not ${mode}`);
+    const req = { key, sessionId, value: asBytes(value), limit, kind: kinds[mode] };
     try {
       return sequencerFromProto((await this._unary("lock", "tryAcquire", req)).sequencer);
     } catch (e) {

@@ -212,8 +212,15 @@ export declare class Client {
   destroySession(sessionId: string): Promise<void>;
   getSession(sessionId: string): Promise<SessionInfo>;
   listSessions(): Promise<SessionSummary[]>;
-  /** Takes `key` now for a client-owned session: the Sequencer, or null when busy. */
-  tryAcquire(key: string, sessionId: string, options?: { value?: string | Uint8Array; limit?: number; semaphore?: boolean }): Promise<Sequencer | null>;
+  /**
+   * Takes `key` now for a client-owned session: the Sequencer, or null when
+   * busy. `mode` "read" or "write": a read or write hold of the read-write lock `key`.
+   */
+  tryAcquire(
+    key: string,
+    sessionId: string,
+    options?: { value?: string | Uint8Array; limit?: number; semaphore?: boolean; mode?: "read" | "write" },
+  ): Promise<Sequencer | null>;
   /** Releases `key` held by `sessionId`; with a token, only while that grant is current. */
   release(key: string, sessionId: string, token?: bigint | number): Promise<boolean>;
   close(): Promise<void>;

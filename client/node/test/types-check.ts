@@ -83,6 +83,8 @@ export async function example(): Promise<bigint> {
   } catch (e) {
     if (e instanceof ConflictError && e.reason === "LIMIT_CONFLICT") console.log(e.state?.kind, e.holders.map((h: Holder) => h.read));
   }
+  const rs: Sequencer | null = await client.tryAcquire("rw/k", "00000000-0000-0000-0000-000000000000", { mode: "read" });
+  void rs?.read;
   const seq = await client.tryAcquire("k", "00000000-0000-0000-0000-000000000000");
   await client.close();
   return seq?.token ?? 0n;

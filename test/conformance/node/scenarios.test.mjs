@@ -589,7 +589,9 @@ scenario("S8", "read-write lock: shared readers, arrival order, tokens", () =>
         assert.ok(err instanceof ConflictError, `${err?.name}: ${err?.message}`);
         assert.equal(err.reason, "LIMIT_CONFLICT");
         assert.equal(err.codeName, "FailedPrecondition");
-        assert.match(err.message, /RWLOCK/i, "the message names the kind found");
+        // The kind found: RWLOCK in the LockState detail, in words in the message.
+        assert.equal(err.state?.kind, "rwlock", "the LockState detail names the kind found");
+        assert.match(err.message, /is a read-write lock/, "the message names the kind found");
         console.log(`S8 lock on a read-write lock: ${err.name}: ${err.message}`);
         return true;
       });
@@ -601,7 +603,9 @@ scenario("S8", "read-write lock: shared readers, arrival order, tokens", () =>
       await assert.rejects(e.tryReadLock(l), (err) => {
         assert.ok(err instanceof ConflictError, `${err?.name}: ${err?.message}`);
         assert.equal(err.reason, "LIMIT_CONFLICT");
-        assert.match(err.message, /(^|[^A-Z])LOCK([^A-Z]|$)/i, "the message names the kind found");
+        assert.equal(err.state?.kind, "lock", "the LockState detail names the kind found");
+        assert.deepEqual(err.holders.map((h) => h.sessionId), [plain.sessionId]);
+        assert.match(err.message, /is a lock/, "the message names the kind found");
         console.log(`S8 read lock on a lock: ${err.name}: ${err.message}`);
         return true;
       });
