@@ -78,6 +78,8 @@ class RwMultiTest {
       assertEquals(2, st.getHoldersCount(), st.toString());
       assertTrue(holder(st, r.sessionId()).getRead(), "resumed as a writer: " + st);
       assertEquals(token, holder(st, r.sessionId()).getToken(), st.toString());
+      assertTrue(other.checkSequencer(r.sequencer()), "the resumed reader's sequencer is not current");
+      assertTrue(r.sequencer().getRead() && r.sequencer().getKind() == LockKind.LOCK_KIND_RWLOCK, r.sequencer().toString());
       // Still a shared hold: another reader joins, a writer cannot.
       Optional<Lease> w = other.tryWriteLock(key, BOUNDED);
       w.ifPresent(Lease::close);
@@ -119,6 +121,57 @@ class RwMultiTest {
     }
   }
 
+  /**
+   * A reader waiting behind a writer on A moves to B when A is killed, and
+   * is granted there as a reader (the moved wait keeps its kind), with the
+   * session it waited with.
+   */
+  @Test
+  void readWaitMovesToAnotherReplicaAsAReader() throws Exception {
+    String key = Cluster.key("rw-wait-move");
+    try (Broker a = Cluster.get().newBroker("rw-wait-a"); Broker b = Cluster.get().newBroker("rw-wait-b");
+        LockClient c = LockClient.builder().targets(a.addr(), b.addr()).build(); LockClient other = shared()) {
+      Lease w = other.writeLock(key, BOUNDED);
+      java.util.concurrent.CompletableFuture<String> queued = new java.util.concurrent.CompletableFuture<>();
+      java.util.concurrent.CompletableFuture<Void> heartbeat = new java.util.concurrent.CompletableFuture<>();
+      java.util.concurrent.atomic.AtomicInteger beats = new java.util.concurrent.atomic.AtomicInteger();
+      java.util.concurrent.CompletableFuture<Lease> reader = new java.util.concurrent.CompletableFuture<>();
+      Thread t = new Thread(() -> {
+        try {
+          reader.complete(c.readLock(key, BOUNDED.waitTimeout(Duration.ofSeconds(30))
+              .onQueued(q -> {
+                queued.complete(q.getSessionId());
+                if (beats.incrementAndGet() >= 2) {
+                  heartbeat.complete(null);
+                }
+              })));
+        } catch (Throwable e) {
+          reader.completeExceptionally(e);
+        }
+      });
+      t.setDaemon(true);
+      t.start();
+      String session = queued.get(10, TimeUnit.SECONDS);
+      // A's broker writes the wait's record after its first queued (the
+      // wait cannot move with its place before that: see the report); a
+      // heartbeat later it has.
+      heartbeat.get(10, TimeUnit.SECONDS);
+      a.kill();
+      Thread.sleep(1000); // the wait moves to B
+      assertFalse(reader.isDone(), "the reader was granted beside the writer: " + reader);
+      w.release();
+      Lease r = reader.get(10, TimeUnit.SECONDS);
+      assertEquals(b.addr(), r.target());
+      assertEquals(session, r.sessionId(), "the moved wait did not keep its session");
+      assertTrue(r.isRead(), r.toString());
+      assertTrue(holder(other.getLock(key), r.sessionId()).getRead());
+      Optional<Lease> r2 = other.tryReadLock(key, BOUNDED);
+      assertTrue(r2.isPresent(), "a second reader was refused beside the moved reader");
+      r2.get().release();
+      r.release();
+    }
+  }
+
   @Test
   void multiKeyLeaseResumesOnAnotherReplicaWithEveryKey() throws Exception {
     String base = Cluster.key("multi-resume");
@@ -138,11 +191,68 @@ class RwMultiTest {
         assertEquals(tokens.get(i).longValue(), holder(st, l.sessionId()).getToken(), st.toString());
       }
       assertTrue(other.tryLock(keys.get(2)).isEmpty(), "the last key was free after the resume");
+      for (io.lockbroker.v1.Sequencer seq : l.sequencers()) {
+        assertTrue(other.checkSequencer(seq), "not current after the resume: " + seq);
+      }
       waitFor(() -> l.deadlineNanos() - System.nanoTime() > TimeUnit.SECONDS.toNanos(7), TTL, "keepalives from B");
       l.release();
       for (String k : keys) {
         assertEquals(0, other.getLock(k).getHoldersCount(), k + " held after the release");
       }
+      for (io.lockbroker.v1.Sequencer seq : l.sequencers()) {
+        assertFalse(other.checkSequencer(seq), "still current after the release: " + seq);
+      }
+    }
+  }
+
+  /**
+   * A multi-key request waiting on A (one of its keys held) moves to B when
+   * A is killed, keeps its session, and is granted every key there
+   * together: the moved wait carries its keys, and never holds a subset.
+   */
+  @Test
+  void multiKeyWaitMovesToAnotherReplicaWithEveryKey() throws Exception {
+    String base = Cluster.key("multi-wait-move");
+    List<String> keys = List.of(base + "/x", base + "/y");
+    try (Broker a = Cluster.get().newBroker("multi-wait-a"); Broker b = Cluster.get().newBroker("multi-wait-b");
+        LockClient c = LockClient.builder().targets(a.addr(), b.addr()).build(); LockClient other = shared()) {
+      Lease y = other.lock(keys.get(1), BOUNDED);
+      java.util.concurrent.CompletableFuture<String> queued = new java.util.concurrent.CompletableFuture<>();
+      java.util.concurrent.CompletableFuture<Void> heartbeat = new java.util.concurrent.CompletableFuture<>();
+      java.util.concurrent.atomic.AtomicInteger beats = new java.util.concurrent.atomic.AtomicInteger();
+      java.util.concurrent.CompletableFuture<Lease> waiting = new java.util.concurrent.CompletableFuture<>();
+      Thread t = new Thread(() -> {
+        try {
+          waiting.complete(c.lockAll(keys, BOUNDED.waitTimeout(Duration.ofSeconds(30)).onQueued(q -> {
+            queued.complete(q.getSessionId());
+            if (beats.incrementAndGet() >= 2) {
+              heartbeat.complete(null);
+            }
+          })));
+        } catch (Throwable e) {
+          waiting.completeExceptionally(e);
+        }
+      });
+      t.setDaemon(true);
+      t.start();
+      String session = queued.get(10, TimeUnit.SECONDS);
+      heartbeat.get(10, TimeUnit.SECONDS);
+      a.kill();
+      long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(1);
+      while (System.nanoTime() < end) {
+        assertEquals(0, other.getLock(keys.get(0)).getHoldersCount(), "x held while x+y waits");
+        Thread.sleep(100);
+      }
+      assertFalse(waiting.isDone(), "x+y granted while y was held: " + waiting);
+      y.release();
+      Lease l = waiting.get(10, TimeUnit.SECONDS);
+      assertEquals(b.addr(), l.target());
+      assertEquals(keys, l.keys());
+      assertEquals(session, l.sessionId(), "the moved wait did not keep its session");
+      for (int i = 0; i < keys.size(); i++) {
+        assertEquals(l.tokens().get(i).longValue(), holder(other.getLock(keys.get(i)), l.sessionId()).getToken());
+      }
+      l.release();
     }
   }
 

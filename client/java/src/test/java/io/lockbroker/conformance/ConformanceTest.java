@@ -733,7 +733,16 @@ class ConformanceTest {
         x.first("released").orElseThrow(() -> new AssertionError("no released: " + x));
         boolean writer = writers.contains(x);
         assertEquals(writer ? "write" : "read", Cli.field(acq, "mode"), acq);
+        String rel = x.first("released").orElseThrow();
+        double releaseT = Cli.number(rel, "release_t");
+        assertFalse(Double.isNaN(releaseT), "no release_t on " + rel);
+        assertTrue(releaseT >= asked.get(x) - 0.01, "release_t " + releaseT + " before the test asked at " + asked.get(x));
         intervals.add(new double[] {Cli.number(acq, "t"), asked.get(x), Cli.unsigned(acq, "token"), writer ? 1 : 0});
+      }
+      double t0 = intervals.stream().mapToDouble(x -> x[0]).min().orElse(0);
+      for (double[] x : intervals) {
+        System.out.printf("S10 %s token %d held from %.3f s to %.3f s%n", x[3] == 1 ? "writer" : "reader",
+            (long) x[2], x[0] - t0, x[1] - t0);
       }
       int readerOverlaps = 0;
       for (int i = 0; i < intervals.size(); i++) {

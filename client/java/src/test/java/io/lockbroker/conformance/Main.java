@@ -37,7 +37,8 @@ import java.util.concurrent.TimeUnit;
  * releases it, and prints JSON lines: {@code {"event":"acquired",...}} (with
  * {@code "mode"}: read, write, lock or semaphore, and for a multi-key lock
  * {@code "tokens":[...]}, one per key in order), then
- * {@code {"event":"released"}} or {@code {"event":"lost","reason":...}}
+ * {@code {"event":"released","release_t":R}} (R: when it started to let go,
+ * Unix seconds) or {@code {"event":"lost","reason":...}}
  * (exit 2); failures print {@code {"event":"error",...}} and exit 1.
  * {@code --target} may repeat (replicas). {@code watch} prints
  * {@code {"event":"state",...}} per state.
@@ -84,7 +85,12 @@ public final class Main {
     // LOCKBROKER_TRACEPARENT: the caller's W3C trace context for every call
     // (the trace test, test/conformance/go).
     String tp = System.getenv("LOCKBROKER_TRACEPARENT");
-    LockClient.Builder builder = LockClient.builder().targets(targets);
+    // A broker's first answer to a read-write request follows its
+    // check-and-set of the key, retried when other contenders arrive at
+    // the same moment: on a loaded machine running many CLIs at once that
+    // can take more than the default 5 s, which would fail the hold with
+    // UNAVAILABLE.
+    LockClient.Builder builder = LockClient.builder().targets(targets).callTimeout(Duration.ofSeconds(20));
     if (tp != null && !tp.isEmpty()) {
       builder.traceContext(() -> Map.of("traceparent", tp));
     }
@@ -177,6 +183,10 @@ public final class Main {
       }
     }));
     stop.await((long) (Double.parseDouble(opts.getOrDefault("seconds", "30")) * 1000), TimeUnit.MILLISECONDS);
+    // When the CLI starts to let go: a belief interval ends here, inside
+    // the hold (the next holder may print acquired before this one's
+    // released line).
+    double releaseT = System.currentTimeMillis() / 1000.0;
     try {
       if (lease.isLost()) {
         LockLostException e = lease.lostCause().orElseThrow();
@@ -185,7 +195,7 @@ public final class Main {
         return 2;
       }
       lease.release();
-      emit("event", "released", "token", lease.token());
+      emit("event", "released", "token", lease.token(), "mode", mode, "release_t", releaseT);
       return 0;
     } catch (LockLostException e) {
       emit("event", "lost", "reason", e.reason(), "key", e.key(), "detail", e.detail());
@@ -257,7 +267,9 @@ public final class Main {
       quote(b, kv[i].toString());
       b.append(':');
       Object v = kv[i + 1];
-      if (v instanceof Number || v instanceof Boolean) {
+      if (v instanceof Double) { // seconds: plain notation, millisecond precision
+        b.append(String.format(Locale.ROOT, "%.3f", (Double) v));
+      } else if (v instanceof Number || v instanceof Boolean) {
         b.append(v instanceof Long ? Long.toUnsignedString((Long) v) : v.toString());
       } else {
         quote(b, String.valueOf(v));
