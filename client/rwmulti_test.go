@@ -132,6 +132,14 @@ func TestMultiKeyLockAgainstBroker(t *testing.T) {
 	}
 	_, err = other.TryLock(ctx(t), keys[2])
 	require.ErrorIs(t, err, client.ErrBusy)
+	_, err = other.TryLock(ctx(t), "multi/w", client.WithKeys(keys[2]))
+	require.ErrorIs(t, err, client.ErrBusy, "a multi-key try over a held key")
+	var se *client.StatusError
+	require.ErrorAs(t, err, &se)
+	assert.Contains(t, sessions(se.Holders), lease.Sequencer().GetSessionId(), "the busy error names the holder of the held key")
+	st, err := other.GetLock(ctx(t), "multi/w")
+	require.NoError(t, err)
+	assert.Empty(t, st.GetHolders(), "the free key of a refused try is not held")
 
 	_, err = agent.Client().KV().Delete(keys[1], nil)
 	require.NoError(t, err)
