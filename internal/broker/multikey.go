@@ -269,9 +269,7 @@ func (m *multiHold) grants() []Sequencer {
 // read where the watch knows nothing yet or fresh asks for one (after a
 // race). The reads go out together, a few at a time.
 func (m *multiHold) states(ctx context.Context, sts []*State, fresh bool) error {
-	var wg sync.WaitGroup
-	errs := make([]error, len(m.keys))
-	sem := make(chan struct{}, 8)
+	var missing []int
 	for i, s := range m.subs {
 		if !fresh {
 			if st, _ := s.state(); st != nil {
@@ -279,16 +277,40 @@ func (m *multiHold) states(ctx context.Context, sts []*State, fresh bool) error 
 				continue
 			}
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		missing = append(missing, i)
+	}
+	keys := make([]string, len(missing))
+	for j, i := range missing {
+		keys[j] = m.keys[i]
+	}
+	read, err := m.h.b.readStates(ctx, keys)
+	if err != nil {
+		return err
+	}
+	for j, i := range missing {
+		sts[i] = read[j]
+	}
+	return nil
+}
+
+// readStates reads every key's state consistently, a few at a time.
+func (b *Broker) readStates(ctx context.Context, keys []string) ([]*State, error) {
+	sts := make([]*State, len(keys))
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i, k := range keys {
+		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			sts[i], errs[i] = m.h.b.readState(ctx, m.keys[i])
-		}()
+			sts[i], errs[i] = b.readState(ctx, k)
+		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return sts, nil
 }
 
 // wait is the waiting loop of a multi-key lock: attempt on every key's
@@ -379,38 +401,47 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 				return nil, err
 			}
 		}
-		var grace <-chan time.Time
-		if d, ok := m.graceLeft(); ok {
-			t := time.NewTimer(d)
-			grace = t.C
-			defer t.Stop()
+		if err := m.sleep(ctx, reported, reportedPos, beat, delay, timeout, failed); err != nil {
+			return nil, err
 		}
-		cutOff := h.b.reach.lost()
-	sleep:
-		for {
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-h.b.shutdown:
-				return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
-			case <-timeout:
-				h.b.fillTokens(ctx, blocked)
-				return nil, holdersError(ErrTimeout, ReasonWaitTimeout, blocked)
-			case err := <-failed:
-				return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
-			case <-cutOff:
-				return nil, newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent has not answered for %s; wait on another replica", reachGrace)
-			case <-beat.C:
-				if err := m.sendQueued(reported, reportedPos); err != nil {
-					return nil, err
-				}
-			case <-delay:
-				break sleep
-			case <-grace:
-				break sleep
-			case <-m.changed:
-				break sleep
+	}
+}
+
+// sleep waits until a key changes, the lock-delay or the grace of a
+// silent head ends (see aheadOf), or the wait must end (the error);
+// `queued` goes out again every heartbeat meanwhile.
+func (m *multiHold) sleep(ctx context.Context, reported *State, pos int, beat *time.Ticker, delay, timeout <-chan time.Time, failed <-chan error) error {
+	h := m.h
+	var grace <-chan time.Time
+	if d, ok := m.graceLeft(); ok {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		grace = t.C
+	}
+	cutOff := h.b.reach.lost()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-h.b.shutdown:
+			return newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
+		case <-timeout:
+			h.b.fillTokens(ctx, reported)
+			return holdersError(ErrTimeout, ReasonWaitTimeout, reported)
+		case err := <-failed:
+			return newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
+		case <-cutOff:
+			return newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent has not answered for %s; wait on another replica", reachGrace)
+		case <-beat.C:
+			if err := m.sendQueued(reported, pos); err != nil {
+				return err
 			}
+		case <-delay:
+			return nil
+		case <-grace:
+			return nil
+		case <-m.changed:
+			return nil
 		}
 	}
 }

@@ -157,6 +157,11 @@ func TestMultiKeyReleaseLocal(t *testing.T) {
 	require.True(t, res.GetReleased())
 	require.Len(t, m.next(5*time.Second, lkIsReleased).GetReleased().GetSequencers(), 3)
 	require.ElementsMatch(t, keys, freeKeys(t, cc, keys))
+	// A retry, through another key, is answered OK: nothing to release.
+	first := a.GetSequencers()[0]
+	res, err = cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: first.GetKey(), SessionId: first.GetSessionId(), Token: first.GetToken()})
+	require.NoError(t, err)
+	require.False(t, res.GetReleased())
 	// A wrong token releases nothing.
 	m2 := acquire(t, cs[0], multiReq(keys, "v"))
 	a2 := m2.acquired(10 * time.Second)
@@ -554,4 +559,40 @@ func TestMultiKeyNestedAndConflictingKeys(t *testing.T) {
 		assert.Contains(t, status.Convert(err).Message(), bad)
 		assert.Len(t, freeKeys(t, cc, []string{"multi/conflict/a", "multi/conflict/b"}), 2)
 	}
+}
+
+// A replica that stops at once (Broker.Close) tells its multi-key hold
+// BROKER_SHUTDOWN, leaving the session to its TTL; the client resumes the
+// whole hold on another replica, which renews the session (its
+// guaranteed_for comes from that renewal), and no key is free meanwhile.
+func TestMultiKeyResumeAfterReplicaStops(t *testing.T) {
+	agent := consultest.Start(t)
+	cc := agent.Client()
+	r := brokertest.Start(t, agent)
+	p := brokertest.StartProcess(t, agent)
+	c0 := lockbrokerv1.NewLockServiceClient(lkDial(t, r.Addr))
+	c1 := lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr))
+	keys := mkKeys("multi/stop", 4)
+	m := acquire(t, c0, multiReq(keys, "v"))
+	a := m.acquired(10 * time.Second)
+	session := requireGrant(t, cc, a, keys)
+
+	go r.Stop()
+	lost := m.next(10*time.Second, isLost).GetLost()
+	require.Equal(t, lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN, lost.GetReason())
+	require.Empty(t, lost.GetKey(), "a shutdown concerns the whole hold")
+	require.ElementsMatch(t, keys, lockedBy(t, cc, keys, session))
+
+	res := acquire(t, c1, &lockbrokerv1.AcquireRequest{Key: keys[0], Keys: keys[1:], Session: &lockbrokerv1.AcquireRequest_Resume{Resume: a.GetSequencer()}})
+	ra := res.acquired(10 * time.Second)
+	require.True(t, ra.GetResumed())
+	require.Len(t, ra.GetSequencers(), 4)
+	require.Positive(t, ra.GetGuaranteedFor().AsDuration())
+	require.ElementsMatch(t, keys, lockedBy(t, cc, keys, session))
+	_ = m.end(10 * time.Second) // the old stream ended with its replica
+	s := ra.GetSequencers()[3]
+	_, err := c1.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s.GetKey(), SessionId: s.GetSessionId(), Token: s.GetToken()})
+	require.NoError(t, err)
+	require.Len(t, res.next(5*time.Second, lkIsReleased).GetReleased().GetSequencers(), 4)
+	require.Len(t, freeKeys(t, cc, keys), 4)
 }
