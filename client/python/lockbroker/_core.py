@@ -92,16 +92,23 @@ def acquire_request(key, *, value=None, limit=0, semaphore=False, wait=None, ttl
     """The AcquireRequest for a lock (semaphore False) or semaphore slot;
     mode "read" or "write" asks for a read-write lock's hold instead of a
     plain lock, and `keys` are more lock keys taken with `key` as one."""
-    if mode not in _MODES:
-        raise errors.InvalidArgument(f"mode must be 'read' or 'write', not {mode!r}")
     req = lock_pb2.AcquireRequest(
-        key=key, value=as_bytes(value), limit=limit, fair=fair, keys=list(keys),
-        kind=lock_pb2.ACQUIRE_KIND_SEMAPHORE if semaphore else _MODES[mode],
+        key=key, value=as_bytes(value), limit=limit, fair=fair, keys=list(keys), kind=acquire_kind(semaphore, mode),
         new_session=session_options(ttl, lock_delay, behavior, checks, session_name),
     )
     if wait is not None:
         req.wait_timeout.CopyFrom(duration(wait))
     return req
+
+
+def acquire_kind(semaphore=False, mode=None):
+    """AcquireRequest.kind for a semaphore slot, or a lock of `mode` (None:
+    a plain lock; "read" or "write": a read-write lock's hold)."""
+    if mode not in _MODES:
+        raise errors.InvalidArgument(f"mode must be 'read' or 'write', not {mode!r}")
+    if semaphore and mode is not None:
+        raise errors.InvalidArgument("a semaphore slot has no read or write mode")
+    return lock_pb2.ACQUIRE_KIND_SEMAPHORE if semaphore else _MODES[mode]
 
 
 def lock_keys(keys) -> list:

@@ -381,10 +381,10 @@ class Client:
         return [session_summary(s) for s in resp.sessions]
 
     async def try_acquire(self, key: str, session_id: str, *, value: _core.BytesLike = b"", limit: int = 0,
-                          semaphore: bool = False) -> Optional[Sequencer]:
+                          semaphore: bool = False, mode: Optional[str] = None) -> Optional[Sequencer]:
         req = lock_pb2.TryAcquireRequest(
             key=key, session_id=session_id, value=_core.as_bytes(value), limit=limit,
-            kind=lock_pb2.ACQUIRE_KIND_SEMAPHORE if semaphore else lock_pb2.ACQUIRE_KIND_LOCK)
+            kind=_core.acquire_kind(semaphore, mode))
         try:
             return Sequencer.from_proto((await self._unary("lock", "TryAcquire", req)).sequencer)
         except (errors.LockHeld, errors.LockDelay):

@@ -115,7 +115,7 @@ def _watch(client, args):
                 continue
             _emit(event="state", key=st.key, kind=st.kind, limit=st.limit,
                   holders=[{"session_id": h.session_id, "value": h.value.decode(errors="replace"),
-                            "token": h.token} for h in st.holders])
+                            "token": h.token, "read": h.read} for h in st.holders])
             if time.monotonic() >= end:
                 break
     except LockbrokerError as e:

@@ -138,6 +138,9 @@ def test_requests_carry_kind_and_keys():
     assert r.key == "a" and list(r.keys) == ["b", "c"] and r.kind == lock_pb2.ACQUIRE_KIND_LOCK
     with pytest.raises(lockbroker.InvalidArgument):
         _core.acquire_request("k", mode="exclusive")
+    with pytest.raises(lockbroker.InvalidArgument):
+        _core.acquire_request("k", semaphore=True, limit=2, mode="read")
+    assert _core.acquire_kind(mode="read") == lock_pb2.ACQUIRE_KIND_READ
     assert [_core.lease_mode(_core.acquire_request("k", mode=m)) for m in (None, "read", "write")] == \
         ["lock", "read", "write"]
     assert _core.lease_mode(_core.acquire_request("p", limit=2, semaphore=True)) == "semaphore"

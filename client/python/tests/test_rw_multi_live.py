@@ -179,3 +179,62 @@ def test_lock_all_lease_moves_to_another_replica(cluster, broker, key, use_aio):
     finally:
         a.stop()
         b.stop()
+
+
+def test_lock_all_wait_moves_to_another_replica(cluster, broker, key):
+    """A lock_all waiting on A behind a holder goes on waiting at B when A
+    is SIGKILLed (anew: the broker does not resume a multi-key wait), and
+    gets every key once the holder lets go; meanwhile it holds none."""
+    a, b = cluster.broker("multi-wait-a"), cluster.broker("multi-wait-b")
+    keys = [f"{key}/{n}" for n in "xy"]
+    try:
+        with lockbroker.Client(broker.addr) as hc, lockbroker.Client(a.addr, targets=[b.addr]) as wc:
+            holder = hc.lock(keys[0], **LEASE)
+            places = queue.Queue()
+            waiting = Pending(wc.lock_all, keys, on_queued=places.put, **LEASE)
+            place(places, 1, 1)
+            a.signal(signal.SIGKILL)
+            time.sleep(1.0)
+            assert waiting.result(0) is None and not hc.get_lock(keys[1]).holders
+            holder.release()
+            lease = waiting.result(15)
+            assert lease is not None, "the moved lock_all was not granted"
+            assert lease.target == b.addr and lease.keys == tuple(keys)
+            for k, t in zip(keys, lease.tokens):
+                assert [(h.session_id, h.token) for h in hc.get_lock(k).holders] == [(lease.session_id, t)], k
+            lease.release()
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.parametrize("use_aio", [False, True], ids=["sync", "aio"])
+def test_try_acquire_read_and_write_with_client_owned_sessions(client, key, use_aio):
+    """try_acquire(mode=...) with client-owned sessions: two readers share,
+    a writer is busy (None) until both let go, then granted above them."""
+    sessions = [client.create_session(ttl=30).id for _ in range(3)]
+    try:
+        if not use_aio:
+            r1 = client.try_acquire(key, sessions[0], mode="read")
+            r2 = client.try_acquire(key, sessions[1], mode="read")
+            busy = client.try_acquire(key, sessions[2], mode="write")
+            for r in (r1, r2):
+                client.release(key, r.session_id, r.token)
+            w = client.try_acquire(key, sessions[2], mode="write")
+        else:
+            async def main():
+                async with aio.Client(client.targets[0]) as c:
+                    r1 = await c.try_acquire(key, sessions[0], mode="read")
+                    r2 = await c.try_acquire(key, sessions[1], mode="read")
+                    busy = await c.try_acquire(key, sessions[2], mode="write")
+                    for r in (r1, r2):
+                        await c.release(key, r.session_id, r.token)
+                    return r1, r2, busy, await c.try_acquire(key, sessions[2], mode="write")
+            r1, r2, busy, w = asyncio.run(asyncio.wait_for(main(), 30))
+        assert (r1.kind, r1.read, r2.kind, r2.read) == ("rwlock", True, "rwlock", True)
+        assert busy is None
+        assert w is not None and (w.kind, w.read) == ("rwlock", False) and w.token > max(r1.token, r2.token)
+        client.release(key, w.session_id, w.token)
+    finally:
+        for s in sessions:
+            client.destroy_session(s)
