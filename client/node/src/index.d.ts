@@ -247,7 +247,7 @@ export declare class Lease {
   /** One fencing token per key, in the order of `keys`. */
   readonly tokens: readonly bigint[];
   /** "read" or "write" for a read-write lock's hold; "lock" or "semaphore" otherwise. */
-  readonly mode: "read" | "write" | "lock" | "semaphore" | LockKind;
+  readonly mode: "read" | "write" | Exclude<LockKind, "rwlock">;
   /** After a loss, the key whose loss ended the hold, when the broker named one. */
   readonly lostKey: string | undefined;
   /** The fencing token of this grant (of `key`). */

@@ -586,7 +586,7 @@ test("readLock/writeLock signal: an aborted waiting writer leaves the queue, and
   using(async (make) => {
     const c = make();
     const k = key("rw-abort");
-    const r1 = await c.readLock(k);
+    const r1 = await c.readLock(k, { wait: 10 });
     const ac = new AbortController();
     let queued = false;
     const writer = c.writeLock(k, { signal: ac.signal, onQueued: () => (queued = true) });
@@ -611,7 +611,7 @@ test("lockAll signal: an aborted multi-key wait holds no key, and the free key i
     const c = make();
     const base = key("multi-abort");
     const [ka, kb] = [`${base}-a`, `${base}-b`];
-    const holder = await c.lock(kb);
+    const holder = await c.lock(kb, { wait: 10 });
     const ac = new AbortController();
     let queued = false;
     const waiting = c.lockAll([ka, kb], { signal: ac.signal, onQueued: () => (queued = true) });
@@ -652,8 +652,8 @@ test("rolling restart: a read hold and a multi-key hold move to the next replica
     try {
       const c = make(a.addr, { targets: [b.addr] });
       const base = key("rw-term");
-      const reader = await c.readLock(`${base}-rw`, { ttl: 10 });
-      const multi = await c.lockAll([`${base}-a`, `${base}-b`], { ttl: 10 });
+      const reader = await c.readLock(`${base}-rw`, { ttl: 10, wait: 10 });
+      const multi = await c.lockAll([`${base}-a`, `${base}-b`], { ttl: 10, wait: 10 });
       const tokens = multi.tokens;
       a.signal("SIGTERM");
       await waitFor(() => reader.target === b.addr && multi.target === b.addr, 8000, "both resumed on B");
@@ -727,66 +727,11 @@ test("a waiting writer moved off a SIGKILLed replica keeps its place ahead of a 
     }
   }));
 
-// A waiting multi-key lock moves off a SIGKILLed replica with its keys and
-// its place: its ticket in the busy key's queue is the same (session,
-// CreateIndex), and it is granted before a later waiter on that key.
-//
-// TODO (broker): the client sends the resume (its keys, the wait's session,
-// no token), but the broker takes every multi-key resume for a hold's and
-// refuses it with FAILED_PRECONDITION "cannot resume: session S has no live
-// broker record (it ended, or the broker did not grant it)". The client
-// then waits anew at the back: the next test shows it still gets every key.
-const MULTI_WAIT_MOVE = "the broker resumes a multi-key hold but not a multi-key wait (Resume with token 0)";
-test("a waiting multi-key lock moved off a SIGKILLed replica keeps its keys and its place", { todo: MULTI_WAIT_MOVE }, (t) =>
-  using(async (make) => {
-    const a = await cluster.broker("multi-move-a");
-    const b = await cluster.broker("multi-move-b");
-    try {
-      const base = key("multi-move");
-      const [ka, kb] = [`${base}-a`, `${base}-b`];
-      const holder = await make().lock(kb, LEASE);
-      const moved = waiter(make, [a.addr, b.addr], kb, (c, o) => c.lockAll([ka, kb], o));
-      await waitFor(() => moved.heard.length > 0, 5000, "the multi-key request queued");
-      const [{ CreateIndex: created, ModifyIndex: modified, Session: session }] = await waitFor(
-        () => queueTickets(kb).then((ts) => ts.length && ts),
-        5000,
-        "the multi-key request's ticket",
-      );
-      const later = waiter(make, [shared.addr], kb);
-      await waitFor(async () => (await queueTickets(kb)).length === 2, 5000, "the later waiter's ticket");
-
-      a.signal("SIGKILL");
-      const killed = performance.now();
-      const ticket = await waitFor(
-        async () => {
-          if (moved.error) throw moved.error;
-          return (await queueTickets(kb)).find((p) => p.Session === session && p.ModifyIndex !== modified);
-        },
-        10_000,
-        "the multi-key request's ticket written again by B (same session)",
-      );
-      t.diagnostic(`the multi-key wait moved to B ${Math.round(performance.now() - killed)} ms after A was killed`);
-      assert.equal(ticket.CreateIndex, created, "the moved multi-key wait lost its place");
-      assert.deepEqual((await make().getLock(ka)).holders, [], "a waiting multi-key request holds a subset");
-
-      await holder.release();
-      const lease = await moved.granted(10_000);
-      assert.equal(lease.target, b.addr);
-      assert.equal(lease.sessionId, session);
-      assert.deepEqual(lease.keys, [ka, kb]);
-      assert.equal(later.lease, undefined, "a later waiter was granted before the moved one");
-      assert.equal(await lease.release(), true);
-      const next = await later.granted(10_000);
-      assert.ok(next.token > lease.tokens[1]);
-    } finally {
-      await a.stop();
-      await b.stop();
-    }
-  }));
-
-// What a multi-key wait keeps when its replica dies today (see the TODO
-// above): it goes on, on the next replica, holding none of its keys while
-// it waits, and is granted all of them together once they are free.
+// A multi-key wait does not keep its place when its replica dies (the
+// README's Multi-key locks: it starts anew on the next replica; the client
+// sends the resume, which the broker refuses, then the original request).
+// It goes on there, holding none of its keys while it waits, and is
+// granted all of them together once they are free.
 test("a waiting multi-key lock whose replica is SIGKILLed is granted every key on the next replica, holding none meanwhile", () =>
   using(async (make) => {
     const a = await cluster.broker("multi-kill-a");

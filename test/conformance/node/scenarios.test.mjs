@@ -498,13 +498,27 @@ function pending(promise) {
   return out;
 }
 
+// promise, or an Error naming `what` after timeoutMs.
+async function within(promise, timeoutMs, what) {
+  let timer;
+  try {
+    return await Promise.race([
+      promise,
+      new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${timeoutMs}ms`)), timeoutMs))),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 // A lock request that reports its first `queued` (it has a place in the
-// key's queue), so that the next one arrives after it.
+// key's queue), so that the next one arrives after it. `queued` resolves
+// then (or when the request ends first), within 10 s.
 function queuedRequest(take) {
   let heard;
   const queued = new Promise((r) => (heard = r));
   const p = pending(take({ onQueued: () => heard() }));
-  p.queued = Promise.race([queued, p.promise.then(() => {}, () => {})]);
+  p.queued = within(Promise.race([queued, p.promise.then(() => {}, () => {})]), 10_000, "queued");
   return p;
 }
 
@@ -565,7 +579,7 @@ scenario("S8", "read-write lock: shared readers, arrival order, tokens", () =>
       const t0 = performance.now();
       assert.equal(await r1.release(), true);
       assert.equal(await r2.release(), true);
-      writer.lease = await w.promise;
+      writer.lease = await within(w.promise, 15_000, "the writer's grant");
       figure("S8 writer granted after the readers released", (performance.now() - t0) / 1000);
       assert.equal(writer.lease.mode, "write");
       assert.equal(writer.lease.sequencer.read, false);
@@ -575,7 +589,7 @@ scenario("S8", "read-write lock: shared readers, arrival order, tokens", () =>
       const ws = await e.getLock(k);
       assert.deepEqual(ws.holders.map((h) => [h.sessionId, h.read]), [[writer.lease.sessionId, false]]);
       assert.equal(await writer.lease.release(), true);
-      const r3 = await third.promise;
+      const r3 = await within(third.promise, 15_000, "the third reader's grant");
       leases.push(r3);
       assert.equal(r3.mode, "read");
       assert.ok(r3.token > writer.lease.token, `third reader's token ${r3.token} not above the writer's ${writer.lease.token}`);
@@ -591,7 +605,7 @@ scenario("S8", "read-write lock: shared readers, arrival order, tokens", () =>
         assert.equal(err.codeName, "FailedPrecondition");
         // The kind found: RWLOCK in the LockState detail, in words in the message.
         assert.equal(err.state?.kind, "rwlock", "the LockState detail names the kind found");
-        assert.match(err.message, /is a read-write lock/, "the message names the kind found");
+        assert.match(err.message, /RWLOCK/, "the message names the kind found");
         console.log(`S8 lock on a read-write lock: ${err.name}: ${err.message}`);
         return true;
       });
@@ -605,7 +619,7 @@ scenario("S8", "read-write lock: shared readers, arrival order, tokens", () =>
         assert.equal(err.reason, "LIMIT_CONFLICT");
         assert.equal(err.state?.kind, "lock", "the LockState detail names the kind found");
         assert.deepEqual(err.holders.map((h) => h.sessionId), [plain.sessionId]);
-        assert.match(err.message, /is a lock/, "the message names the kind found");
+        assert.match(err.message, /\bLOCK\b/, "the message names the kind found");
         console.log(`S8 read lock on a lock: ${err.name}: ${err.message}`);
         return true;
       });
@@ -660,7 +674,7 @@ scenario("S9", "multi-key lock: all or nothing", () =>
       // 3. Release the first: the second gets C and D together.
       const t0 = performance.now();
       assert.equal(await first.release(), true);
-      const lease2 = await second.promise;
+      const lease2 = await within(second.promise, 15_000, "the second multi-key lock's grant");
       leases.push(lease2);
       figure("S9 second multi-key lock granted after the first released", (performance.now() - t0) / 1000);
       assert.deepEqual(lease2.keys, [C, D]);
@@ -707,12 +721,15 @@ scenario("S10", "read-write lock across processes (Node CLI: hold --mode, --also
     const start = performance.now();
     const done = [];
     const live = new Set();
+    // Each slot runs one CLI after another for about runFor, and at least
+    // twice (a loaded machine starts a process slowly).
     const slot = async (mode, seconds) => {
-      while (performance.now() - start < runFor) {
+      for (let n = 0; n < 2 || performance.now() - start < runFor; n++) {
         const cli = cliHold(shared.addr, k, ["--mode", mode, "--seconds", String(seconds)]);
         live.add(cli);
         try {
-          await cli.exited;
+          // A CLI waits at most 30 s (--wait) and holds `seconds`.
+          await within(cli.exited, 45_000, "a CLI's end").catch(() => cli.stop());
         } finally {
           live.delete(cli);
         }
@@ -738,14 +755,15 @@ scenario("S10", "read-write lock across processes (Node CLI: hold --mode, --also
     const writers = holds.filter((h) => h.mode === "write").sort((x, y) => x.from - y.from);
     const readers = holds.filter((h) => h.mode === "read");
     figure("S10 holds (readers, writers)", `${readers.length}, ${writers.length}`, "");
-    assert.ok(writers.length >= 2 && readers.length >= 4, `too few holds: ${readers.length} readers, ${writers.length} writers`);
+    assert.ok(writers.length >= 4 && readers.length >= 6, `too few holds: ${readers.length} readers, ${writers.length} writers`);
     const overlap = (x, y) => x !== y && x.from < y.to && y.from < x.to;
+    const timeline = () => JSON.stringify(holds.map((h) => [h.mode, h.from.toFixed(3), h.to.toFixed(3), h.token]).sort((x, y) => x[1] - y[1]));
     for (const w of writers) {
       const beside = holds.find((h) => overlap(w, h));
-      assert.equal(beside, undefined, `a writer ${JSON.stringify(w)} overlapped ${JSON.stringify(beside)}`);
+      assert.equal(beside, undefined, `a writer ${JSON.stringify(w)} overlapped ${JSON.stringify(beside)}: ${timeline()}`);
     }
-    assert.ok(readers.some((r) => readers.some((q) => overlap(r, q))), "no two readers ever held at once");
-    for (let j = 1; j < writers.length; j++) assert.ok(writers[j].token > writers[j - 1].token, "writers' tokens did not increase");
+    assert.ok(readers.some((r) => readers.some((q) => overlap(r, q))), `no two readers ever held at once: ${timeline()}`);
+    for (let j = 1; j < writers.length; j++) assert.ok(writers[j].token > writers[j - 1].token, `writers' tokens did not increase: ${timeline()}`);
 
     // A multi-key hold: --also, `tokens` one per key.
     const [ka, kb, kc] = ["a", "b", "c"].map((x) => `${k}-m${x}`);
