@@ -268,6 +268,7 @@ public final class Lease implements AutoCloseable {
 
   /**
    * Changes the holder's value without giving the hold up; the token stays.
+   * For a multi-key lock, the value of {@link #key()} (the first key) only.
    * Throws {@link LockBrokerException} (FAILED_PRECONDITION, NOT_HOLDER) when
    * this grant no longer holds the key.
    */

@@ -13,8 +13,10 @@ import java.util.Objects;
 import java.util.function.Consumer;
 
 /**
- * Options of one {@link LockClient#lock}, {@link LockClient#tryLock} or
- * {@link LockClient#semaphore} call. Immutable: every method returns a new
+ * Options of one {@link LockClient#lock}, {@link LockClient#tryLock},
+ * {@link LockClient#semaphore}, {@link LockClient#readLock},
+ * {@link LockClient#writeLock} or {@link LockClient#lockAll} call (their
+ * try variants too). Immutable: every method returns a new
  * instance, so a shared base can be specialised per call:
  *
  * <pre>{@code
