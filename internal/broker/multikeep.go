@@ -134,11 +134,15 @@ func (m *multiHold) conclude(ctx context.Context, o Outcome) error {
 	switch o.Kind {
 	case OutcomeReleased:
 		err := h.send(Event{Kind: EventReleased, Sequencer: seqs[0], Sequencers: seqs})
-		m.finish(true)
+		if !m.recycle(true) {
+			m.finish(true)
+		}
 		m.tidy()
 		return err
 	case OutcomeCanceled:
-		m.finish(false)
+		if !m.recycle(false) {
+			m.finish(false)
+		}
 		m.tidy()
 		return ctx.Err()
 	case OutcomeResumed:
@@ -310,6 +314,7 @@ func (m *multiHold) finish(released bool) {
 		ops, deleteAfter := m.unlockAll(rec, nil, held, h.del)
 		res, err := h.st.Txn(ctx, ops)
 		if err == nil {
+			h.b.noteUnlocks(ops, res)
 			if deleteAfter {
 				m.deleteUnlocked(ctx, ops, res)
 			}
@@ -371,6 +376,7 @@ func (m *multiHold) release(ctx context.Context, key string, token uint64) (bool
 		ops, deleteAfter := m.unlockAll(rec, next, held, h.del)
 		res, err := h.st.Txn(ctx, ops)
 		if err == nil {
+			h.b.noteUnlocks(ops, res)
 			if deleteAfter {
 				m.deleteUnlocked(ctx, ops, res)
 			}
@@ -442,7 +448,10 @@ func (b *Broker) releaseMultiRemote(ctx context.Context, rec *record, key, sessi
 				ops = append(ops, unlockOps(kst.Key, session, hd.Value, false)...)
 			}
 		}
-		_, err = st.Txn(ctx, ops)
+		res, err := st.Txn(ctx, ops)
+		if err == nil {
+			b.noteUnlocks(ops, res)
+		}
 		if te := asTxnError(err); te != nil {
 			if te.Has(TxnSessionInvalid) {
 				return false, sessionError(ErrSessionNotFound, session)

@@ -217,12 +217,21 @@ func (m *multiHold) subscribe() {
 	}
 }
 
-// openSession creates the hold's session (never a pooled one: the pool's
-// sessions are kept per key), or renews a resumed one.
+// openSession takes a ready session from the pool (a request with the
+// default options, as for one key), creates one, or renews a resumed one.
 func (m *multiHold) openSession(ctx context.Context) error {
 	h := m.h
 	if h.spec.Resume != nil {
 		return m.openResumed(ctx)
+	}
+	if h.spec.NewSession == nil && h.b.pools != nil {
+		if p := h.b.pools.forTenant(h.tenant); p != nil {
+			if s := p.getMulti(m.keys); s != nil {
+				h.session, h.owned, h.ttl, h.start = s.id, true, DefaultTTL, s.renewed
+				h.rec, h.pooled = s.rec, s
+				return nil
+			}
+		}
 	}
 	spec := withDefaults(h.spec.NewSession)
 	if err := validateSpec(spec); err != nil {
@@ -272,7 +281,11 @@ func (m *multiHold) states(ctx context.Context, sts []*State, fresh bool) error 
 	var missing []int
 	for i, s := range m.subs {
 		if !fresh {
-			if st, _ := s.state(); st != nil {
+			st, _ := s.state()
+			if known := m.h.b.hub.knownState(m.keys[i]); known != nil && (st == nil || known.Index > st.Index) {
+				st = known // this replica's own release, newer than the watch (known.go)
+			}
+			if st != nil {
 				sts[i] = st
 				continue
 			}
@@ -338,6 +351,7 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 		if err := m.states(ctx, sts, fresh); err != nil {
 			return nil, err
 		}
+		wasFresh := fresh
 		fresh = false
 		for _, st := range sts {
 			if err := lockConflict(st); err != nil {
@@ -374,6 +388,13 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 		}
 		if blocked == nil {
 			blocked = sts[0]
+		}
+		if delay == nil && m.tickets[0] == 0 && !wasFresh {
+			// Busy as the watch tells it, which may lag (this replica's
+			// own release a moment ago, say): read before giving up or
+			// queueing.
+			fresh = true
+			continue
 		}
 		if h.tryOnce() {
 			h.b.fillTokens(ctx, blocked)
@@ -687,6 +708,15 @@ func (m *multiHold) abandon(held bool) {
 		m.finish(false)
 		return
 	}
+	if h.pooled != nil && !m.ticketTried && !h.unsure && !h.b.abandoning() {
+		// Nothing was written with it (a try-once that found a key busy,
+		// say): back to the pool.
+		if h.ren != nil {
+			h.pooled.renewed = h.ren.lastRenewal()
+		}
+		h.pooled.pool.put(h.pooled)
+		return
+	}
 	if m.ticketTried {
 		var ops []Op
 		for _, k := range m.keys {
@@ -715,6 +745,96 @@ func (m *multiHold) tidy() {
 			b.tidyQueue(store, k)
 		}
 	}()
+}
+
+// getMulti takes a ready session for keys from the pool, or nil: one
+// renewed recently enough to hand over (see get), marked as having held
+// every key.
+func (p *sessionPool) getMulti(keys []string) *pooled {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.asked = time.Now()
+	defer p.signal()
+	limit := time.Now().Add(-DefaultTTL / 2)
+	for i := len(p.idle) - 1; i >= 0; i-- {
+		s := p.idle[i]
+		if s.renewed.Before(limit) {
+			continue
+		}
+		p.idle = append(p.idle[:i], p.idle[i+1:]...)
+		for _, k := range keys {
+			s.used[k] = true
+		}
+		s.uses++
+		return s
+	}
+	return nil
+}
+
+// recycle gives a pooled session back after a clean end, as a hold of
+// one key does (finish.go): every key unlocked (unless a Release did it)
+// and dropped from the record in one transaction conditioned on it. Only
+// a session that never queued: a ticket the grant could not delete would
+// stay live with it.
+func (m *multiHold) recycle(released bool) bool {
+	h := m.h
+	if h.pooled == nil || h.b.abandoning() || m.ticketTried {
+		return false
+	}
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	rec := h.record()
+	if rec.Owner != h.owner || rec.index == 0 {
+		return false
+	}
+	next := rec.next()
+	for _, k := range m.keys {
+		delete(next.Holds, k)
+		delete(next.Since, k)
+		delete(next.Again, k)
+	}
+	next.Keys, next.Waiting = nil, ""
+	if _, listed := rec.Holds[m.keys[0]]; released && !listed && len(rec.Keys) == 0 {
+		next = rec // the releasing transaction dropped the keys
+	} else {
+		var held []int
+		if !released {
+			held = m.watchHeld()
+			if len(held) < len(m.keys) {
+				return false // a key is lost: finish
+			}
+		}
+		ops, _ := m.unlockAll(rec, next, held, false)
+		if h.del {
+			return false
+		}
+		res, err := h.st.Txn(ctx, ops)
+		if err != nil {
+			return false
+		}
+		h.b.noteUnlocks(ops, res)
+		next.index, next.live = recordWritten(ops, res, h.session), true
+	}
+	h.pooled.rec = next
+	if h.ren != nil {
+		h.pooled.renewed = h.ren.lastRenewal()
+	}
+	h.pooled.pool.put(h.pooled)
+	return true
+}
+
+// noteUnlocks tells the hub of every key a committed transaction (ops,
+// res) unlocked, as noteRelease does for one key: the keys' watches
+// publish it at once, and the next grant on this replica starts from it.
+func (b *Broker) noteUnlocks(ops []Op, res []*Entry) {
+	for i, op := range ops {
+		if op.Verb == OpUnlock && i < len(res) {
+			b.hub.released(res[i])
+		}
+	}
 }
 
 // registerMulti makes the hold releasable through any of its keys.

@@ -596,3 +596,53 @@ func TestMultiKeyResumeAfterReplicaStops(t *testing.T) {
 	require.Len(t, res.next(5*time.Second, lkIsReleased).GetReleased().GetSequencers(), 4)
 	require.Len(t, freeKeys(t, cc, keys), 4)
 }
+
+// With the default session options a broker process takes multi-key
+// sessions from its pool and gives them back after a clean release or a
+// cancel (a try-once that finds a key busy writes nothing and gives its
+// session back too): sessions are reused, every key is free after each
+// cycle, and no session is left behind.
+func TestMultiKeyPooledSessions(t *testing.T) {
+	agent := consultest.Start(t)
+	cc := agent.Client()
+	p := brokertest.StartProcess(t, agent)
+	c := lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr))
+	keys := mkKeys("multi/pool", 4)
+	seen := map[string]int{}
+	for i := range 12 {
+		m := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: keys[0], Keys: keys[1:], Value: []byte("pooled")})
+		a := m.acquired(10 * time.Second)
+		session := requireGrant(t, cc, a, keys)
+		seen[session]++
+		switch i % 3 {
+		case 0: // released through a key
+			s := a.GetSequencers()[i%4]
+			_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s.GetKey(), SessionId: s.GetSessionId(), Token: s.GetToken()})
+			require.NoError(t, err)
+			m.next(5*time.Second, lkIsReleased)
+		case 1: // cancelled
+			m.cancel()
+		case 2: // a try-once that finds the keys held, then released
+			busy := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: keys[3], Keys: keys[:1], WaitTimeout: dur(0)})
+			err := busy.end(5 * time.Second)
+			require.Equal(t, codes.Aborted, status.Code(err), "%v", err)
+			s := a.GetSequencers()[0]
+			_, err = c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s.GetKey(), SessionId: s.GetSessionId(), Token: s.GetToken()})
+			require.NoError(t, err)
+		}
+		require.Eventually(t, func() bool { return len(freeKeys(t, cc, keys)) == 4 }, 5*time.Second, 20*time.Millisecond, "cycle %d", i)
+	}
+	reused := 0
+	for _, n := range seen {
+		if n > 1 {
+			reused++
+		}
+	}
+	t.Logf("12 cycles used %d sessions", len(seen))
+	assert.Positive(t, reused, "a pooled session serves more than one multi-key hold")
+	kvs, _, err := cc.KV().List("multi/pool/", &api.QueryOptions{RequireConsistent: true})
+	require.NoError(t, err)
+	for _, kv := range kvs {
+		assert.Empty(t, kv.Session, "%s still held", kv.Key)
+	}
+}
