@@ -9,6 +9,12 @@
 // runs again. Work that must never run twice at once must therefore pass
 // Lease.Sequencer().Token to the resource it changes, and the resource must
 // refuse tokens lower than the highest it has seen (fencing).
+//
+// Besides locks (Client.Lock) and semaphore slots (WithLimit), it takes
+// read-write locks (Client.RWLock: many readers or one writer, served in
+// arrival order) and multi-key locks (Client.Lock with WithKeys: up to 64
+// keys, all or nothing, one token per key in Lease.Sequencers). Each
+// returns the same *Lease.
 package client
 
 import (
@@ -119,6 +125,24 @@ func WithSemaphore() LockOption {
 
 // WithFair admits semaphore waiters oldest first (default off).
 func WithFair() LockOption { return func(r *lockbrokerv1.AcquireRequest) { r.Fair = true } }
+
+// WithKeys takes keys together with Lock's key, all or nothing: a
+// multi-key lock (up to 64 keys in all; each an ordinary lock key, all
+// different; INVALID_ARGUMENT naming keys otherwise). The broker takes
+// every key in one Consul transaction with one session, or none: no other
+// client ever sees a subset held by this request, and while it waits it
+// holds none. It waits in every key's queue with one place, so two
+// multi-key requests with overlapping keys never deadlock and single-key
+// traffic cannot starve it. The lease has one grant per key
+// (Lease.Sequencers, in request order: Lock's key first); losing any key
+// ends the whole lease (Lease.LostKey names it, and the broker releases
+// the others); Release releases them all. Only for plain locks: with
+// WithLimit above 1, WithSemaphore or an RWMutex it is INVALID_ARGUMENT.
+// Consul's api.Lock on any of the keys excludes correctly. Repeated
+// WithKeys add up.
+func WithKeys(keys ...string) LockOption {
+	return func(r *lockbrokerv1.AcquireRequest) { r.Keys = append(r.Keys, keys...) }
+}
 
 // WithWaitTimeout bounds Lock's wait (default: until ctx ends). A wait that
 // runs out fails with ErrWaitTimeout (gRPC DEADLINE_EXCEEDED), a

@@ -35,6 +35,15 @@ var (
 	// FAILED_PRECONDITION, reasons FOREIGN_FLAGS, LIMIT_CONFLICT,
 	// MALFORMED_SEMAPHORE).
 	ErrConflict = errors.New("key conflict")
+	// ErrKindConflict: the key is another kind than the request asked for
+	// (gRPC FAILED_PRECONDITION, reason LIMIT_CONFLICT, with the key's
+	// LockState naming the kind found): a plain lock or semaphore asked
+	// for on a read-write lock (RWLOCK), a read or write hold asked for on
+	// a lock (LOCK) or semaphore (SEMAPHORE), a lock on a semaphore
+	// prefix. StatusError.State.Kind is the kind found. A semaphore whose
+	// stored limit differs from the one asked for is ErrConflict but not
+	// ErrKindConflict. Every ErrKindConflict is an ErrConflict too.
+	ErrKindConflict = errors.New("key is another kind of lock")
 	// ErrSessionNotFound: the session is unknown or was invalidated (gRPC
 	// NOT_FOUND).
 	ErrSessionNotFound = errors.New("session not found")
@@ -80,6 +89,9 @@ type StatusError struct {
 	FieldViolations []*errdetails.BadRequest_FieldViolation
 
 	st *status.Status
+	// asked is the kind the failed request asked for (UNSPECIFIED when
+	// unknown: not an acquisition).
+	asked lockbrokerv1.LockKind
 }
 
 // Error is the status's text ("rpc error: code = ... desc = ...").
@@ -101,6 +113,8 @@ func (e *StatusError) Is(target error) bool {
 	case ErrConflict:
 		return e.Code == codes.FailedPrecondition &&
 			(e.Reason == "FOREIGN_FLAGS" || e.Reason == "LIMIT_CONFLICT" || e.Reason == "MALFORMED_SEMAPHORE")
+	case ErrKindConflict:
+		return e.Code == codes.FailedPrecondition && e.Reason == "LIMIT_CONFLICT" && e.kindDiffers()
 	case ErrSessionNotFound:
 		return e.Code == codes.NotFound
 	case ErrInvalidArgument:
@@ -111,6 +125,45 @@ func (e *StatusError) Is(target error) bool {
 		return e.Code == codes.Unavailable
 	}
 	return false
+}
+
+// kindDiffers is whether the key's kind (State.Kind) is not the one
+// asked for. Without either (an older broker sends no LockState; a call
+// that is not an acquisition asks for no kind), every LIMIT_CONFLICT but a
+// semaphore's limit mismatch is a kind conflict, and the message tells
+// that one apart.
+func (e *StatusError) kindDiffers() bool {
+	found := e.State.GetKind()
+	if found != lockbrokerv1.LockKind_LOCK_KIND_UNSPECIFIED && e.asked != lockbrokerv1.LockKind_LOCK_KIND_UNSPECIFIED {
+		return found != e.asked
+	}
+	return !strings.Contains(e.st.Message(), "requested limit")
+}
+
+// kindAsked is the kind of key req asks for.
+func kindAsked(req *lockbrokerv1.AcquireRequest) lockbrokerv1.LockKind {
+	switch req.GetKind() {
+	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_READ, lockbrokerv1.AcquireKind_ACQUIRE_KIND_WRITE:
+		return lockbrokerv1.LockKind_LOCK_KIND_RWLOCK
+	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_SEMAPHORE:
+		return lockbrokerv1.LockKind_LOCK_KIND_SEMAPHORE
+	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_LOCK:
+		return lockbrokerv1.LockKind_LOCK_KIND_LOCK
+	}
+	if req.GetLimit() > 1 {
+		return lockbrokerv1.LockKind_LOCK_KIND_SEMAPHORE
+	}
+	return lockbrokerv1.LockKind_LOCK_KIND_LOCK
+}
+
+// askedFor notes on a *StatusError err the kind req asked for, which
+// ErrKindConflict compares with the kind found; err is returned.
+func askedFor(req *lockbrokerv1.AcquireRequest, err error) error {
+	var se *StatusError
+	if errors.As(err, &se) {
+		se.asked = kindAsked(req)
+	}
+	return err
 }
 
 // asStatusError turns a gRPC error status into a *StatusError; any other
@@ -193,6 +246,11 @@ type LostError struct {
 	Cause string
 	// Detail is for humans.
 	Detail string
+	// Key is the key whose loss ended the hold (AcquireLost.key): for a
+	// multi-key lock (WithKeys), the key lost first (the broker released
+	// the others). Empty when the client decided the loss, and for losses
+	// of the whole hold.
+	Key string
 }
 
 // Error names the cause as every lockbroker library, lockctl and the
@@ -211,5 +269,5 @@ func (e *LostError) Is(target error) bool { return target == ErrReleased && e.Ca
 
 // lostByBroker is the loss the broker reported.
 func lostByBroker(l *lockbrokerv1.AcquireLost) *LostError {
-	return &LostError{Reason: l.GetReason(), Cause: strings.TrimPrefix(l.GetReason().String(), "LOST_REASON_"), Detail: l.GetDetail()}
+	return &LostError{Reason: l.GetReason(), Cause: strings.TrimPrefix(l.GetReason().String(), "LOST_REASON_"), Detail: l.GetDetail(), Key: l.GetKey()}
 }

@@ -84,3 +84,53 @@ func ExampleElection() {
 		fmt.Printf("leader is %s (token %d)\n", leader.GetValue(), leader.GetToken())
 	}
 }
+
+// A read-write lock: readers share the key, a writer has it alone. Every
+// grant has a fencing token; a writer's is above every token before it.
+func ExampleRWMutex() {
+	var c *client.Client // client.New(conn)
+	ctx := context.Background()
+	rw := c.RWLock("config/routes")
+
+	r, err := rw.RLock(ctx) // waits behind a writer that arrived first
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("reading with token", r.Sequencer().GetToken(), "read:", r.Sequencer().GetRead())
+	_ = r.Release(ctx)
+
+	w, err := rw.Lock(ctx, client.WithWaitTimeout(10*time.Second))
+	if err != nil {
+		panic(err)
+	}
+	defer w.Release(context.WithoutCancel(ctx))
+	_ = store{}.Write(ctx, "routes", w.Sequencer().GetToken())
+
+	// A plain lock of a read-write key (or a read hold of a plain lock
+	// key) is refused: the key is another kind.
+	if _, err := c.TryLock(ctx, "config/routes"); errors.Is(err, client.ErrKindConflict) {
+		var se *client.StatusError
+		errors.As(err, &se)
+		fmt.Println("config/routes is a", se.State.GetKind())
+	}
+}
+
+// A multi-key lock: every key or none, in one Consul transaction. Each key
+// has its own fencing token; losing any key ends the whole lease.
+func ExampleWithKeys() {
+	var c *client.Client // client.New(conn)
+	ctx := context.Background()
+	lease, err := c.Lock(ctx, "accounts/alice", client.WithKeys("accounts/bob"))
+	if err != nil {
+		panic(err)
+	}
+	defer lease.Release(context.WithoutCancel(ctx)) // releases both keys
+	for _, seq := range lease.Sequencers() {        // in request order
+		_ = store{}.Write(ctx, seq.GetKey(), seq.GetToken())
+	}
+	select {
+	case <-lease.Lost():
+		fmt.Println("lost", lease.LostKey(), "and with it the rest:", lease.Err())
+	default:
+	}
+}

@@ -15,12 +15,14 @@ import (
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
 )
 
-// Lease is a held lock or semaphore slot.
+// Lease is a held lock, semaphore slot, read or write hold (RWMutex), or
+// multi-key lock (WithKeys).
 type Lease struct {
-	c   *Client
-	key string
-	req *lockbrokerv1.AcquireRequest
-	seq *lockbrokerv1.Sequencer
+	c    *Client
+	key  string
+	req  *lockbrokerv1.AcquireRequest
+	seq  *lockbrokerv1.Sequencer
+	seqs []*lockbrokerv1.Sequencer // one per key (WithKeys), else seq alone
 
 	lost    chan struct{}
 	stopped chan struct{}
@@ -34,8 +36,10 @@ type Lease struct {
 }
 
 // Lock waits until it holds key (or ctx ends) and returns the lease.
-// Broker errors are *StatusError: ErrWaitTimeout after WithWaitTimeout,
-// ErrBusy with a zero wait, ErrConflict, ErrInvalidArgument, ... A grant
+// With WithKeys it takes key and those keys as one (a multi-key lock, see
+// WithKeys). Broker errors are *StatusError: ErrWaitTimeout after
+// WithWaitTimeout, ErrBusy with a zero wait, ErrConflict, ErrKindConflict,
+// ErrInvalidArgument, ... A grant
 // the broker could not announce safely is a *LostError (the stream said
 // `lost` instead of `acquired`). With WithReplicas, an UNAVAILABLE replica
 // is skipped for the next one.
@@ -46,8 +50,11 @@ func (c *Client) Lock(ctx context.Context, key string, opts ...LockOption) (*Lea
 // TryLock takes key if it is free now. A busy key fails with a
 // *StatusError that matches ErrBusy and names the holders.
 func (c *Client) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lease, error) {
-	return c.acquire(ctx, key, append(opts, func(r *lockbrokerv1.AcquireRequest) { r.WaitTimeout = durationpb.New(0) }))
+	return c.acquire(ctx, key, append(opts, tryOnce))
 }
+
+// tryOnce makes an acquisition a try: a zero wait.
+func tryOnce(r *lockbrokerv1.AcquireRequest) { r.WaitTimeout = durationpb.New(0) }
 
 func (c *Client) acquire(ctx context.Context, key string, opts []LockOption) (*Lease, error) {
 	req := &lockbrokerv1.AcquireRequest{Key: key}
@@ -69,7 +76,7 @@ func (c *Client) acquire(ctx context.Context, key string, opts []LockOption) (*L
 			break
 		}
 	}
-	return nil, lastErr
+	return nil, askedFor(req, lastErr)
 }
 
 // openAt runs open on replica i. A wait that queued on an earlier replica
@@ -154,7 +161,7 @@ func (c *Client) open(ctx context.Context, i int, req *lockbrokerv1.AcquireReque
 				return nil, place, ctx.Err()
 			}
 			l = &Lease{
-				c: c, key: req.GetKey(), req: req, seq: a.GetSequencer(), replica: i,
+				c: c, key: req.GetKey(), req: req, seq: a.GetSequencer(), seqs: grantSequencers(a), replica: i,
 				lost: make(chan struct{}), stopped: make(chan struct{}), cancel: cancel,
 				deadline: time.Now().Add(a.GetGuaranteedFor().AsDuration()),
 			}
@@ -239,8 +246,67 @@ func (l *Lease) Replica() int {
 	return l.replica
 }
 
-// Sequencer is the grant: pass its Token to protected resources.
+// Sequencer is the grant: pass its Token to protected resources. For a
+// read-write lock (RWMutex) its Read is true for a read grant; for a
+// multi-key lock it is the first key's (Sequencers has them all).
 func (l *Lease) Sequencer() *lockbrokerv1.Sequencer { return proto.CloneOf(l.seq) }
+
+// Sequencers is one grant per key, in the request's order: the key given
+// to Lock first, then WithKeys's. Each key has its own fencing token: pass
+// each resource the token of the key that guards it. A single-key lease
+// has one, its Sequencer.
+func (l *Lease) Sequencers() []*lockbrokerv1.Sequencer {
+	out := make([]*lockbrokerv1.Sequencer, len(l.seqs))
+	for i, s := range l.seqs {
+		out[i] = proto.CloneOf(s)
+	}
+	return out
+}
+
+// Keys are the lease's keys in the request's order (one for a single key).
+func (l *Lease) Keys() []string { return append([]string{l.key}, l.req.GetKeys()...) }
+
+// LostKey is the key whose loss ended the lease (for a multi-key lock,
+// the first one lost: the broker released the others), once Lost is
+// closed; empty while the lease holds, after Release, and when the loss
+// concerned the whole hold (no keepalive, a refused resume).
+func (l *Lease) LostKey() string {
+	var le *LostError
+	if errors.As(l.Err(), &le) {
+		return le.Key
+	}
+	return ""
+}
+
+// grantSequencers is an acquired event's grants, one per key (the
+// sequencer alone for a single key).
+func grantSequencers(a *lockbrokerv1.AcquireAcquired) []*lockbrokerv1.Sequencer {
+	if s := a.GetSequencers(); len(s) > 0 {
+		return s
+	}
+	return []*lockbrokerv1.Sequencer{a.GetSequencer()}
+}
+
+// sameGrant is whether a resume's grant is the lease's: the same token on
+// every key.
+func (l *Lease) sameGrant(a *lockbrokerv1.AcquireAcquired) bool {
+	if a.GetSequencer().GetToken() != l.seq.GetToken() {
+		return false
+	}
+	got := a.GetSequencers()
+	if len(got) == 0 {
+		return true // a broker that repeats only the first key's grant
+	}
+	if len(got) != len(l.seqs) {
+		return false
+	}
+	for i, s := range got {
+		if s.GetKey() != l.seqs[i].GetKey() || s.GetToken() != l.seqs[i].GetToken() {
+			return false
+		}
+	}
+	return true
+}
 
 // Deadline is how long the lease is guaranteed if no broker is heard from.
 // Lost is closed before it (see giveUpAt) when no broker can be reached.
@@ -508,14 +574,15 @@ func (l *Lease) tryResume(i int, req *lockbrokerv1.AcquireRequest) (lockbrokerv1
 		resp, err = stream.Recv()
 	}
 	if !t.Stop() || err != nil {
+		timedOut := sctx.Err() != nil // before cancel, which sets it
 		cancel()
-		if err == nil || sctx.Err() != nil { // timed out: not a refusal
+		if err == nil || timedOut { // timed out: not a refusal
 			err = status.Error(codes.DeadlineExceeded, "resume attempt timed out")
 		}
 		return nil, err
 	}
 	a := resp.GetAcquired()
-	if a == nil || a.GetSequencer().GetToken() != l.seq.GetToken() {
+	if a == nil || !l.sameGrant(a) {
 		cancel()
 		return nil, status.Error(codes.FailedPrecondition, "resume did not return the same grant")
 	}

@@ -77,13 +77,18 @@ func (c *Client) ListSessions(ctx context.Context) ([]*lockbrokerv1.SessionSumma
 // a new one have no meaning there.
 var errSessionOption = errors.New("client: TryAcquire takes a client-owned session: session options (WithTTL, WithLockDelay, WithDeleteBehavior, WithSessionName) and WithWaitTimeout belong to CreateSession and Lock")
 
+// errKeysOption: TryAcquire takes one key (TryAcquireRequest has no keys).
+var errKeysOption = errors.New("client: TryAcquire takes one key: WithKeys (a multi-key lock) belongs to Lock and TryLock")
+
 // TryAcquire takes key for the client-owned session sessionID now and
 // returns the grant, or fails at once: a busy key is a *StatusError that
 // matches ErrBusy and names the holders. No stream is kept: the hold lasts
 // until Release or until the session ends. A session that already holds
 // the key gets its current sequencer back. Of the options, WithValue,
-// WithLimit, WithKind and WithSemaphore apply; session options and
-// WithWaitTimeout are an error.
+// WithLimit, WithKind and WithSemaphore apply (WithKind with
+// ACQUIRE_KIND_READ or ACQUIRE_KIND_WRITE takes a read or write hold of a
+// read-write lock, where the broker serves it); session options,
+// WithWaitTimeout and WithKeys are an error.
 func (c *Client) TryAcquire(ctx context.Context, sessionID, key string, opts ...LockOption) (*lockbrokerv1.Sequencer, error) {
 	req := &lockbrokerv1.AcquireRequest{Key: key}
 	for _, o := range opts {
@@ -91,6 +96,9 @@ func (c *Client) TryAcquire(ctx context.Context, sessionID, key string, opts ...
 	}
 	if req.GetSession() != nil || req.GetWaitTimeout() != nil {
 		return nil, errSessionOption
+	}
+	if len(req.GetKeys()) > 0 {
+		return nil, errKeysOption
 	}
 	var out *lockbrokerv1.Sequencer
 	err := c.each(func(i int) error {
@@ -101,7 +109,7 @@ func (c *Client) TryAcquire(ctx context.Context, sessionID, key string, opts ...
 		return err
 	})
 	if err != nil {
-		return nil, c.withHolders(ctx, key, err)
+		return nil, askedFor(req, c.withHolders(ctx, key, err))
 	}
 	return out, nil
 }

@@ -27,8 +27,16 @@ func stateLine(st *lockbrokerv1.LockState) string {
 		return key + ": not a lock (the key holds another tool's data)"
 	}
 	kind := enumName(st.GetKind().String(), "LOCK_KIND_")
-	if st.GetKind() == lockbrokerv1.LockKind_LOCK_KIND_SEMAPHORE {
+	switch st.GetKind() {
+	case lockbrokerv1.LockKind_LOCK_KIND_SEMAPHORE:
 		kind = fmt.Sprintf("semaphore (%d of %d slots)", len(st.GetHolders()), st.GetLimit())
+	case lockbrokerv1.LockKind_LOCK_KIND_RWLOCK:
+		kind = "read-write lock"
+		if hs := st.GetHolders(); len(hs) > 0 && hs[0].GetRead() {
+			kind = fmt.Sprintf("read-write lock (%d readers)", len(hs))
+		} else if len(hs) > 0 {
+			kind = "read-write lock (writer)"
+		}
 	}
 	queue := ""
 	if n := st.GetWaiting(); n > 0 {

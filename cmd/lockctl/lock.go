@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -24,9 +25,24 @@ import (
 
 // lockHelp is the description in `lockctl lock --help`.
 const lockHelp = `Run CMD while holding a lock on KEY (or, with -n N, one of N semaphore
-slots under the prefix KEY), through LockService.Acquire. The broker creates
+slots under the prefix KEY; with --read or --write, a read or write hold of
+the read-write lock KEY), through LockService.Acquire. The broker creates
 and renews the session while lockctl runs, and releases it when lockctl
 exits, whatever happens to CMD.
+
+Several keys before "--" (lockctl lock KEY1 KEY2 ... -- CMD) are a
+multi-key lock: every key or none, taken in one Consul transaction with one
+session (up to 64 keys; plain locks only). The wait holds none of them;
+losing any key ends the hold (and releases the others). Without "--", the
+first argument after KEY starts CMD, as it always did: put "--" after the
+key(s) when CMD's own arguments contain "--".
+
+--read takes a shared hold: many readers hold KEY at once, never beside a
+writer. --write takes the exclusive hold of the same read-write lock. A
+read-write lock is a kind of its own: a plain lock (without --read or
+--write) on its key, or --read/--write on a plain lock or semaphore key, is
+refused (FAILED_PRECONDITION, LIMIT_CONFLICT, naming the kind found).
+Waiters are served in arrival order: a reader behind a waiting writer waits.
 
 CMD runs in its own process group, as with 'consul lock' (so that it and
 everything it starts can be stopped together; it cannot read from a
@@ -37,6 +53,13 @@ refuse tokens lower than the highest they have seen):
   LOCKBROKER_SESSION      the Consul session holding it
   LOCKBROKER_TOKEN        the fencing token of this grant
   LOCKBROKER_LOCK_INDEX   Consul's LockIndex of this grant
+  LOCKBROKER_KEYS         every key held, one per line, in the order given
+  LOCKBROKER_TOKENS       the fencing token of each key, space-separated,
+                          in the same order (one key: LOCKBROKER_TOKEN)
+  LOCKBROKER_MODE         "read" or "write" with --read or --write
+                          (unset for a plain lock)
+With several keys, LOCKBROKER_KEY, LOCKBROKER_TOKEN and
+LOCKBROKER_LOCK_INDEX are the first key's.
 A lockctl that CMD runs (a nested lock) does not read these two as its
 key file and bearer token: it reads $LOCKBROKER_CERT_KEY and
 $LOCKBROKER_BEARER_TOKEN, which CMD inherits, as it does $LOCKBROKER_ADDR.
@@ -78,32 +101,17 @@ type lockFlags struct {
 	value     string
 	grace     time.Duration
 	verbose   bool
+	read      bool     // --read: a shared hold of a read-write lock
+	write     bool     // --write: its exclusive hold
+	keys      []string // more keys (a multi-key lock)
 }
 
-// cmdLock implements `lockctl lock KEY [flags] [--] CMD [ARGS...]`.
+// cmdLock implements `lockctl lock KEY [flags] [--] CMD [ARGS...]` and
+// `lockctl lock KEY1 KEY2 ... [flags] -- CMD [ARGS...]`.
 func cmdLock(ctx context.Context, c *cli, args []string) error {
 	var f lockFlags
-	fs := c.flagSet("lock", "KEY [flags] [--] CMD [ARGS...]", lockHelp)
-	fs.UintVar(&f.slots, "n", 1, "semaphore slots: hold one of `N` slots under the prefix KEY (1: an exclusive lock)")
-	fs.BoolVar(&f.try, "try", false, "try once: if KEY is busy, name the holders and exit 73")
-	fs.Var(&f.timeout, "timeout", "wait at most `DURATION` for KEY, then exit 74 (default: wait until interrupted)")
-	fs.Var(&f.ttl, "ttl", "session `TTL`, 10s to 24h (default: the broker's, 15s)")
-	fs.Var(&f.lockDelay, "lock-delay", "Consul lock-delay after a lost session, 0 to 60s (default: the broker's, 15s)")
-	fs.StringVar(&f.value, "value", defaultValue(), "the holder's value (its identity), shown to others")
-	fs.DurationVar(&f.grace, "grace", 10*time.Second, "after a lost lock, how long CMD has between SIGTERM and SIGKILL")
-	fs.BoolVar(&f.verbose, "v", false, "report waiting, grants and renewals on stderr")
-
-	// Flags may come before and after KEY; the command starts at "--" or
-	// at the first argument after KEY that is not a flag.
-	rest, err := c.parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(rest) == 0 {
-		return usageErrorf("lock wants KEY and a command")
-	}
-	key := rest[0]
-	argv, err := c.parseFlags(fs, rest[1:])
+	fs := lockFlagSet(c, &f)
+	key, argv, err := c.lockArgs(fs, &f, args)
 	if err != nil {
 		return err
 	}
@@ -112,6 +120,15 @@ func cmdLock(ctx context.Context, c *cli, args []string) error {
 	}
 	if f.try && f.timeout.set {
 		return usageErrorf("--try and --timeout exclude each other")
+	}
+	if f.read && f.write {
+		return usageErrorf("--read and --write exclude each other")
+	}
+	if (f.read || f.write) && f.slots > 1 {
+		return usageErrorf("--read and --write take a read-write lock, not a semaphore: drop -n")
+	}
+	if len(f.keys) > 0 && (f.read || f.write || f.slots > 1) {
+		return usageErrorf("several keys are a multi-key lock, plain locks only: drop --read, --write and -n")
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
@@ -146,16 +163,32 @@ func cmdLock(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	r.seq = acq.GetSequencer()
+	r.seq, r.seqs = acq.GetSequencer(), grantSequencers(acq)
 	g := newGuarantee(acq.GetGuaranteedFor().AsDuration(), f.grace)
 	defer g.stop()
-	ch, err := startChild(path, argv, seqEnv(acq.GetSequencer()), c)
+	ch, err := startChild(path, argv, seqEnv(r.seqs, &f), c)
 	if err != nil {
 		return err
 	}
 	s := &supervisor{c: c, f: &f, ch: ch, g: g, sigs: sigs, r: r, cur: cur}
 	defer func() { cur = s.cur }()
 	return s.run()
+}
+
+// lockFlagSet defines lock's flags on c's flag set, into f.
+func lockFlagSet(c *cli, f *lockFlags) *flag.FlagSet {
+	fs := c.flagSet("lock", "KEY [KEY2 ... --] [flags] [--] CMD [ARGS...]", lockHelp)
+	fs.UintVar(&f.slots, "n", 1, "semaphore slots: hold one of `N` slots under the prefix KEY (1: an exclusive lock)")
+	fs.BoolVar(&f.try, "try", false, "try once: if KEY is busy, name the holders and exit 73")
+	fs.Var(&f.timeout, "timeout", "wait at most `DURATION` for KEY, then exit 74 (default: wait until interrupted)")
+	fs.Var(&f.ttl, "ttl", "session `TTL`, 10s to 24h (default: the broker's, 15s)")
+	fs.Var(&f.lockDelay, "lock-delay", "Consul lock-delay after a lost session, 0 to 60s (default: the broker's, 15s)")
+	fs.StringVar(&f.value, "value", defaultValue(), "the holder's value (its identity), shown to others")
+	fs.DurationVar(&f.grace, "grace", 10*time.Second, "after a lost lock, how long CMD has between SIGTERM and SIGKILL")
+	fs.BoolVar(&f.verbose, "v", false, "report waiting, grants and renewals on stderr")
+	fs.BoolVar(&f.read, "read", false, "a read (shared) hold of the read-write lock KEY")
+	fs.BoolVar(&f.write, "write", false, "the write (exclusive) hold of the read-write lock KEY")
+	return fs
 }
 
 // recvResult is one Recv from the Acquire stream.
@@ -206,6 +239,13 @@ func (f *lockFlags) request(key string) *lockbrokerv1.AcquireRequest {
 	if f.slots > 1 {
 		req.Limit = uint32(min(f.slots, 1<<31))
 	}
+	switch {
+	case f.read:
+		req.Kind = lockbrokerv1.AcquireKind_ACQUIRE_KIND_READ
+	case f.write:
+		req.Kind = lockbrokerv1.AcquireKind_ACQUIRE_KIND_WRITE
+	}
+	req.Keys = f.keys
 	if f.try {
 		req.WaitTimeout = durationpb.New(0)
 	}
@@ -307,10 +347,9 @@ func (w *waiting) await() (*lockbrokerv1.AcquireAcquired, error) {
 					}
 				}
 			case *lockbrokerv1.AcquireResponse_Acquired:
-				seq := e.Acquired.GetSequencer()
 				if w.f.verbose {
-					fmt.Fprintf(w.c.stderr, "lockctl: acquired %q: session %s, token %d, held for at least %v\n",
-						seq.GetKey(), seq.GetSessionId(), seq.GetToken(), e.Acquired.GetGuaranteedFor().AsDuration().Round(time.Millisecond))
+					fmt.Fprintf(w.c.stderr, "lockctl: acquired %s, held for at least %v\n",
+						grantText(grantSequencers(e.Acquired), w.f), e.Acquired.GetGuaranteedFor().AsDuration().Round(time.Millisecond))
 				}
 				return e.Acquired, nil
 			case *lockbrokerv1.AcquireResponse_Lost:
@@ -383,14 +422,119 @@ func waitError(err error) error {
 	return err
 }
 
-// seqEnv is the child's environment: lockctl's plus the sequencer.
-func seqEnv(seq *lockbrokerv1.Sequencer) []string {
-	return append(os.Environ(),
+// seqEnv is the child's environment: lockctl's plus the grants, one per
+// key (the first key's in the single-key variables).
+func seqEnv(seqs []*lockbrokerv1.Sequencer, f *lockFlags) []string {
+	seq := seqs[0]
+	keys, tokens := make([]string, len(seqs)), make([]string, len(seqs))
+	for i, s := range seqs {
+		keys[i], tokens[i] = s.GetKey(), strconv.FormatUint(s.GetToken(), 10)
+	}
+	env := append(os.Environ(),
 		"LOCKBROKER_KEY="+seq.GetKey(),
 		"LOCKBROKER_SESSION="+seq.GetSessionId(),
 		"LOCKBROKER_TOKEN="+strconv.FormatUint(seq.GetToken(), 10),
 		"LOCKBROKER_LOCK_INDEX="+strconv.FormatUint(seq.GetLockIndex(), 10),
+		"LOCKBROKER_KEYS="+strings.Join(keys, "\n"),
+		"LOCKBROKER_TOKENS="+strings.Join(tokens, " "),
 	)
+	if m := f.mode(); m != "" {
+		env = append(env, "LOCKBROKER_MODE="+m)
+	}
+	return env
+}
+
+// mode is "read" or "write" for a read-write hold, else "".
+func (f *lockFlags) mode() string {
+	switch {
+	case f.read:
+		return "read"
+	case f.write:
+		return "write"
+	}
+	return ""
+}
+
+// grantSequencers is an acquired event's grants, one per key in the
+// request's order (the sequencer alone for a single key).
+func grantSequencers(a *lockbrokerv1.AcquireAcquired) []*lockbrokerv1.Sequencer {
+	if s := a.GetSequencers(); len(s) > 0 {
+		return s
+	}
+	return []*lockbrokerv1.Sequencer{a.GetSequencer()}
+}
+
+// grantText describes a grant for -v: `"k": session S, token T` for one
+// key (with "(read)" or "(write)" for a read-write hold), `"a" (token 5),
+// "b" (token 7): session S` for several.
+func grantText(seqs []*lockbrokerv1.Sequencer, f *lockFlags) string {
+	seq := seqs[0]
+	if len(seqs) == 1 {
+		what := strconv.Quote(seq.GetKey())
+		if m := f.mode(); m != "" {
+			what += " (" + m + ")"
+		}
+		return fmt.Sprintf("%s: session %s, token %d", what, seq.GetSessionId(), seq.GetToken())
+	}
+	parts := make([]string, len(seqs))
+	for i, s := range seqs {
+		parts[i] = fmt.Sprintf("%q (token %d)", s.GetKey(), s.GetToken())
+	}
+	return fmt.Sprintf("%s: session %s", strings.Join(parts, ", "), seq.GetSessionId())
+}
+
+// keysBefore parses args (flags and keys, no command) and returns the
+// keys.
+func (c *cli) keysBefore(fs *flag.FlagSet, args []string) ([]string, error) {
+	var keys []string
+	for {
+		pos, err := c.parseFlags(fs, args)
+		if err != nil {
+			return nil, err
+		}
+		if len(pos) == 0 {
+			return keys, nil
+		}
+		keys, args = append(keys, pos[0]), pos[1:]
+	}
+}
+
+// lockArgs splits lock's arguments into flags, keys and the command.
+// Flags may come before, between and after the keys. With "--" after two
+// or more keys, every argument before it that is not a flag is a key (a
+// multi-key lock). Otherwise, as lockctl always did, KEY is the first
+// argument that is not a flag, and the command starts at "--" or at the
+// first argument after KEY that is not a flag.
+func (c *cli) lockArgs(fs *flag.FlagSet, f *lockFlags, args []string) (string, []string, error) {
+	if i := slices.Index(args, "--"); i >= 0 {
+		before, after := args[:i], args[i+1:]
+		// A dry run on flags of their own first: arguments that are not
+		// keys and flags alone are an old invocation whose command has
+		// "--" among its arguments ("lock KEY sh -c ... -- x").
+		dry := &cli{stdin: c.stdin, stdout: io.Discard, stderr: io.Discard}
+		if keys, err := dry.keysBefore(lockFlagSet(dry, &lockFlags{}), before); (err == nil && len(keys) > 0) || errors.Is(err, errHelp) {
+			keys, err := c.keysBefore(fs, before)
+			if err != nil {
+				return "", nil, err
+			}
+			if len(keys) > 1 {
+				f.keys = keys[1:]
+			}
+			return keys[0], after, nil
+		}
+	}
+	rest, err := c.parseFlags(fs, args)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(rest) == 0 {
+		return "", nil, usageErrorf("lock wants KEY and a command")
+	}
+	argv, err := c.parseFlags(fs, rest[1:])
+	if err != nil {
+		return "", nil, err
+	}
+	return rest[0], argv, nil
 }
 
 // supervisor runs until the child exits (lockctl exits with its code) or the
@@ -459,8 +603,13 @@ func (s *supervisor) run() error {
 			s.heard(d)
 			if s.f.verbose {
 				seq := res.acq.GetSequencer()
-				fmt.Fprintf(s.c.stderr, "lockctl: resumed on %s: session %s, token %d, held for at least %v\n",
-					s.cur.addr, seq.GetSessionId(), seq.GetToken(), d.Round(time.Millisecond))
+				if seqs := grantSequencers(res.acq); len(seqs) > 1 || s.f.mode() != "" {
+					fmt.Fprintf(s.c.stderr, "lockctl: resumed on %s: %s, held for at least %v\n",
+						s.cur.addr, grantText(seqs, s.f), d.Round(time.Millisecond))
+				} else {
+					fmt.Fprintf(s.c.stderr, "lockctl: resumed on %s: session %s, token %d, held for at least %v\n",
+						s.cur.addr, seq.GetSessionId(), seq.GetToken(), d.Round(time.Millisecond))
+				}
 			}
 			continue
 		case ev := <-events:

@@ -47,7 +47,9 @@ const mainUsage = `Usage: lockctl [--addr HOST:PORT[,...]] COMMAND [flags] [args
 lockctl is the command-line client of lockbroker, a gRPC lock service over Consul.
 
 Commands:
-  lock KEY [flags] -- CMD [ARGS...]   run CMD while holding a lock (or a semaphore slot with -n)
+  lock KEY [flags] -- CMD [ARGS...]   run CMD while holding a lock (or a semaphore slot with -n,
+                                      a read or write hold with --read or --write)
+  lock KEY1 KEY2 ... -- CMD [ARGS...] run CMD while holding every key (a multi-key lock)
   get KEY                             print who holds KEY
   watch KEY                           print KEY's state now and after every change
   acquire KEY SESSION                 take KEY for a client-owned session (waits), print the grant

@@ -92,6 +92,7 @@ type resumer struct {
 	base context.Context              // the streams' context
 	req  *lockbrokerv1.AcquireRequest // the first request
 	seq  *lockbrokerv1.Sequencer      // the grant, once there is one
+	seqs []*lockbrokerv1.Sequencer    // every key's grant (seq alone for one key)
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
@@ -178,6 +179,27 @@ func refused(err error) bool {
 	return false
 }
 
+// sameGrant is whether a resume's grant is the hold's: the same token on
+// every key (a resume that repeats only the first key's grant counts).
+func (r *resumer) sameGrant(a *lockbrokerv1.AcquireAcquired) bool {
+	if a.GetSequencer().GetToken() != r.seq.GetToken() {
+		return false
+	}
+	got := a.GetSequencers()
+	if len(got) == 0 {
+		return true
+	}
+	if len(got) != len(r.seqs) {
+		return false
+	}
+	for i, s := range got {
+		if s.GetKey() != r.seqs[i].GetKey() || s.GetToken() != r.seqs[i].GetToken() {
+			return false
+		}
+	}
+	return true
+}
+
 // try resumes the hold on addr: an Acquire with the grant as its resume,
 // answered by `acquired` with the same token within resumeAttempt.
 func (r *resumer) try(ctx context.Context, addr string) (*holdStream, *lockbrokerv1.AcquireAcquired, error) {
@@ -200,7 +222,7 @@ func (r *resumer) try(ctx context.Context, addr string) (*holdStream, *lockbroke
 			return nil, nil, ev.err
 		}
 		a := ev.resp.GetAcquired()
-		if a == nil || a.GetSequencer().GetToken() != r.seq.GetToken() {
+		if a == nil || !r.sameGrant(a) {
 			hs.close()
 			return nil, nil, status.Error(codes.FailedPrecondition, "the resume did not return the same grant")
 		}

@@ -17,7 +17,8 @@ import (
 // The Go CLI keeps the contract of scenarios.md (S5.3): with stdin on
 // /dev/null it holds for the full --seconds, prints acquired then
 // released with t on every line; watch --prefix prints the states, then
-// snapshot_complete.
+// snapshot_complete; --mode and --also hold a read-write lock and several
+// keys, and say so (mode, keys, tokens).
 func TestGoCLIContract(t *testing.T) {
 	agent := consultest.Start(t)
 	b := brokertest.StartProcess(t, agent)
@@ -53,6 +54,8 @@ func TestGoCLIContract(t *testing.T) {
 	assert.Equal(t, "released", hold[1]["event"])
 	assert.Equal(t, hold[0]["token"], hold[1]["token"])
 	assert.GreaterOrEqual(t, took, time.Second, "stdin on /dev/null holds the full --seconds")
+	assert.Equal(t, "lock", hold[0]["mode"])
+	assert.IsType(t, float64(0), hold[1]["release_t"])
 
 	watch := run("watch", "--target", b.Addr, "--key", key, "--prefix", "--seconds", "1")
 	require.NotEmpty(t, watch)
@@ -62,4 +65,22 @@ func TestGoCLIContract(t *testing.T) {
 	}
 	assert.Equal(t, []string{"state", "snapshot_complete"}, events, "the released lock's state, then the marker")
 	assert.Equal(t, key+"/lock", watch[0]["key"])
+
+	// --mode read|write: a read-write lock's holds (S10's "mode").
+	for _, mode := range []string{"read", "write"} {
+		rw := run("hold", "--target", b.Addr, "--key", key+"/rw", "--mode", mode, "--seconds", "0")
+		require.Len(t, rw, 2, "%v", rw)
+		assert.Equal(t, "acquired", rw[0]["event"])
+		assert.Equal(t, mode, rw[0]["mode"])
+		assert.Nil(t, rw[0]["tokens"], "one key: no tokens list")
+		assert.Equal(t, "released", rw[1]["event"])
+	}
+	// --also: a multi-key lock, a token per key in order.
+	multi := run("hold", "--target", b.Addr, "--key", key+"/m1", "--also", key+"/m2", "--also", key+"/m3", "--seconds", "0")
+	require.Len(t, multi, 2, "%v", multi)
+	assert.Equal(t, "acquired", multi[0]["event"])
+	assert.Equal(t, []any{key + "/m1", key + "/m2", key + "/m3"}, multi[0]["keys"])
+	toks, _ := multi[0]["tokens"].([]any)
+	require.Len(t, toks, 3)
+	assert.Equal(t, multi[0]["token"], toks[0])
 }

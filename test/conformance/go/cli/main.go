@@ -4,13 +4,19 @@
 // the Python, Node and Java ones.
 //
 //	go run ./test/conformance/go/cli hold --target 127.0.0.1:8700 --key jobs/x [--limit 3] [--seconds 30]
+//	go run ./test/conformance/go/cli hold --target 127.0.0.1:8700 --key jobs/x --mode read|write
+//	go run ./test/conformance/go/cli hold --target 127.0.0.1:8700 --key a --also b --also c
 //	go run ./test/conformance/go/cli watch --target 127.0.0.1:8700 --key jobs/x [--prefix] [--seconds 30]
 //
-// `hold` takes a lock (--limit 0, the default) or a slot of a semaphore of
-// --limit, holds it for --seconds (or until SIGTERM, or until stdin ends
+// `hold` takes a lock (--limit 0, the default), a slot of a semaphore of
+// --limit, a read or write hold of a read-write lock (--mode read|write,
+// S8 and S10), or a multi-key lock of --key and every --also (S9), holds it for --seconds (or until SIGTERM, or until stdin ends
 // when stdin is a pipe or a socket), releases it and prints
-// {"event":"acquired","token":T,"session_id":S,"lang":"go",...}, then
-// {"event":"released",...}; a loss prints {"event":"lost","reason":R} and
+// {"event":"acquired","token":T,"mode":M,"session_id":S,"lang":"go",...}
+// (M: read, write, lock or semaphore; a multi-key lock adds "keys":[...]
+// and "tokens":[...], one per key in order), then
+// {"event":"released","release_t":R,...} (R: when the release was asked
+// for; the hold ended between R and the line's t); a loss prints {"event":"lost","reason":R} and
 // exits 2, a failure {"event":"error","error":E,"reason":R} and exits 1.
 // `watch` prints {"event":"state",...} per state (and
 // {"event":"snapshot_complete"} with --prefix). --target may repeat
@@ -41,6 +47,12 @@ func main() { os.Exit(run(os.Args[1:])) }
 
 type targets []string
 
+// also is the repeatable --also.
+type also []string
+
+func (a *also) String() string     { return strings.Join(*a, ",") }
+func (a *also) Set(v string) error { *a = append(*a, v); return nil }
+
 func (t *targets) String() string     { return strings.Join(*t, ",") }
 func (t *targets) Set(v string) error { *t = append(*t, v); return nil }
 
@@ -68,7 +80,7 @@ func fail(err error) int {
 
 func run(args []string) int {
 	if len(args) == 0 || (args[0] != "hold" && args[0] != "watch") {
-		fmt.Fprintln(os.Stderr, "usage: cli hold|watch --target ADDR [--target ADDR] --key KEY [--limit N] [--seconds S]")
+		fmt.Fprintln(os.Stderr, "usage: cli hold|watch --target ADDR [--target ADDR] --key KEY [--limit N | --mode read|write | --also KEY ...] [--seconds S]")
 		return 2
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
@@ -82,11 +94,22 @@ func run(args []string) int {
 	wait := fs.Float64("wait", -1, "seconds to wait (default: no bound)")
 	value := fs.String("value", "", "the holder's value")
 	prefix := fs.Bool("prefix", false, "watch: every key under the prefix")
+	mode := fs.String("mode", "", "read or write: a hold of the read-write lock --key")
+	var more also
+	fs.Var(&more, "also", "another key taken with --key, all or nothing (repeat; a multi-key lock)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
 	if len(tg) == 0 || *key == "" {
 		fmt.Fprintln(os.Stderr, "--target and --key are required")
+		return 2
+	}
+	if *mode != "" && *mode != "read" && *mode != "write" {
+		fmt.Fprintln(os.Stderr, "--mode is read or write")
+		return 2
+	}
+	if (*mode != "" && (len(more) > 0 || *limit > 0)) || (len(more) > 0 && *limit > 0) {
+		fmt.Fprintln(os.Stderr, "--mode, --also and --limit exclude each other")
 		return 2
 	}
 	var dialOpts []client.DialOption
@@ -111,17 +134,39 @@ func run(args []string) int {
 	if args[0] == "watch" {
 		return watch(c, *key, *prefix, d)
 	}
-	opts := []client.LockOption{client.WithValue([]byte(*value)), client.WithLimit(uint32(*limit))}
+	opts := []client.LockOption{client.WithValue([]byte(*value))}
+	if *limit > 0 {
+		opts = append(opts, client.WithLimit(uint32(*limit)))
+	}
+	if len(more) > 0 {
+		opts = append(opts, client.WithKeys(more...))
+	}
 	if *ttl > 0 {
 		opts = append(opts, client.WithTTL(time.Duration(*ttl*float64(time.Second))))
 	}
 	if *wait >= 0 {
 		opts = append(opts, client.WithWaitTimeout(time.Duration(*wait*float64(time.Second))))
 	}
-	return hold(c, *key, d, opts)
+	take, held := c.Lock, "lock"
+	switch {
+	case *mode == "read":
+		take, held = func(ctx context.Context, key string, opts ...client.LockOption) (*client.Lease, error) {
+			return c.RWLock(key).RLock(ctx, opts...)
+		}, "read"
+	case *mode == "write":
+		take, held = func(ctx context.Context, key string, opts ...client.LockOption) (*client.Lease, error) {
+			return c.RWLock(key).Lock(ctx, opts...)
+		}, "write"
+	case *limit > 0:
+		held = "semaphore"
+	}
+	return hold(take, held, *key, d, opts)
 }
 
-func hold(c *client.Client, key string, d time.Duration, opts []client.LockOption) int {
+// taker takes a lease: Client.Lock, or an RWMutex's RLock or Lock.
+type taker func(ctx context.Context, key string, opts ...client.LockOption) (*client.Lease, error)
+
+func hold(take taker, mode, key string, d time.Duration, opts []client.LockOption) int {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -138,7 +183,7 @@ func hold(c *client.Client, key string, d time.Duration, opts []client.LockOptio
 		case <-ctx.Done():
 		}
 	}()
-	lease, err := c.Lock(ctx, key, opts...)
+	lease, err := take(ctx, key, opts...)
 	if err != nil {
 		if ctx.Err() != nil { // SIGTERM while waiting: withdrawn, not a failure
 			return 143
@@ -146,8 +191,17 @@ func hold(c *client.Client, key string, d time.Duration, opts []client.LockOptio
 		return fail(err)
 	}
 	seq := lease.Sequencer()
-	emit(map[string]any{"event": "acquired", "key": key, "token": seq.GetToken(), "session_id": seq.GetSessionId(),
-		"deadline_in": time.Until(lease.Deadline()).Seconds()})
+	acq := map[string]any{"event": "acquired", "key": key, "token": seq.GetToken(), "session_id": seq.GetSessionId(),
+		"mode": mode, "deadline_in": time.Until(lease.Deadline()).Seconds()}
+	if seqs := lease.Sequencers(); len(seqs) > 1 {
+		var keys []string
+		var tokens []uint64
+		for _, s := range seqs {
+			keys, tokens = append(keys, s.GetKey()), append(tokens, s.GetToken())
+		}
+		acq["keys"], acq["tokens"] = keys, tokens
+	}
+	emit(acq)
 	stop := make(chan struct{})
 	var once sync.Once
 	done := func() { once.Do(func() { close(stop) }) }
@@ -173,20 +227,30 @@ func hold(c *client.Client, key string, d time.Duration, opts []client.LockOptio
 	}
 	var le *client.LostError
 	if err := lease.Err(); errors.As(err, &le) {
-		emit(map[string]any{"event": "lost", "reason": le.Cause, "detail": le.Detail})
+		emitLost(le)
 		return 2
 	}
+	releaseT := float64(time.Now().UnixMicro()) / 1e6
 	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer rcancel()
 	if err := lease.Release(rctx); err != nil {
 		if errors.As(err, &le) {
-			emit(map[string]any{"event": "lost", "reason": le.Cause, "detail": le.Detail})
+			emitLost(le)
 			return 2
 		}
 		return fail(err)
 	}
-	emit(map[string]any{"event": "released", "token": seq.GetToken()})
+	emit(map[string]any{"event": "released", "token": seq.GetToken(), "mode": mode, "release_t": releaseT})
 	return 0
+}
+
+// emitLost prints the lost line, with the lost key when there is one.
+func emitLost(le *client.LostError) {
+	ev := map[string]any{"event": "lost", "reason": le.Cause, "detail": le.Detail}
+	if le.Key != "" {
+		ev["key"] = le.Key
+	}
+	emit(ev)
 }
 
 func stdinIsPipe() bool {
