@@ -129,7 +129,9 @@ func FuzzAcquireKinds(f *testing.F) {
 				t.Fatalf("%s breaks a rule (refusal may name %v) but got %s: %s", desc, c.fields, st.Code(), st.Message())
 			}
 			field, _ := namedField(st)
-			if !slices.ContainsFunc(c.fields, func(f string) bool { return field == f || strings.HasPrefix(field, f+"[") || strings.HasPrefix(field, f+".") }) {
+			if !slices.ContainsFunc(c.fields, func(f string) bool {
+				return field == f || strings.HasPrefix(field, f+"[") || strings.HasPrefix(field, f+".")
+			}) {
 				t.Fatalf("%s: INVALID_ARGUMENT names %q, not one of the fields it breaks %v: %s", desc, field, c.fields, st.Message())
 			}
 			if kv1, ss1 := fx.writeIndex(t); kv1 != kv0 || ss1 != ss0 {
@@ -217,6 +219,6 @@ var acquireSeeds = []acquireSeed{
 	{0, 0, 1, []byte{2, 3}}, {1, 1, 1, []byte{2, 3, 4, 5}}, {0, 0, 1, []byte{1}}, {0, 0, 1, []byte{2, 2}},
 	{0, 0, 1, []byte{2, 0xC3}}, {0, 3, 1, []byte{2}}, {2, 0, 1, []byte{2}}, {3, 0, 1, []byte{2}}, {4, 0, 1, []byte{2}},
 	{0, 0, 1, []byte("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-=")}, // 64 keys
-	{0, 0, 1, []byte("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+")},  // 63 more: 64 in all
+	{0, 0, 1, []byte("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+")},   // 63 more: 64 in all
 	{0, 0, 0xC0, []byte{0xC5, 0xC6}},
 }
