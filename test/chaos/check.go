@@ -397,7 +397,7 @@ func CheckLiveness(s *Snapshot, recovery, vanish time.Duration, clients map[int]
 		}
 		sort.Ints(ids)
 		for _, id := range ids {
-			if clients[id] == KindObserver || s.frozen(id, q.Start, q.End) {
+			if clients[id] == KindObserver || clients[id] == KindMultiObs || s.frozen(id, q.Start, q.End) {
 				continue
 			}
 			checked++
