@@ -691,17 +691,20 @@ func (c *Client) observeConsul(ctx context.Context) {
 	}
 	prefix := c.Keys[0][:strings.LastIndex(c.Keys[0], "/")+1]
 	var index uint64
+	var kv *api.Client // one client (one connection pool) until it fails
 	for ctx.Err() == nil {
-		kv, err := c.env.Admin()
-		if err != nil {
-			sleep(ctx, 200*time.Millisecond)
-			continue
+		if kv == nil {
+			var err error
+			if kv, err = c.env.Admin(); err != nil {
+				sleep(ctx, 200*time.Millisecond)
+				continue
+			}
 		}
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		pairs, meta, err := kv.KV().List(prefix, (&api.QueryOptions{RequireConsistent: true, WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(qctx))
 		cancel()
 		if err != nil {
-			index = 0
+			kv, index = nil, 0 // its server may be down: ask for a running one
 			sleep(ctx, 200*time.Millisecond)
 			continue
 		}
