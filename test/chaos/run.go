@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
+	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
@@ -600,7 +601,7 @@ func (r *run) leftovers(ctx context.Context, before map[string]bool) Leftovers {
 // expiring reports whether l has something that may still go away by
 // itself: a session, or a key held by one.
 // resting reports whether a key left by the run is the resting state of
-// Consul's recipes rather than a leak: a released lock key (api.Lock
+// Consul's recipes (or the broker's read-write lock) rather than a leak: a released lock key (api.Lock
 // leaves it, with its last value, for observers and the next holder) and a
 // semaphore's `.lock` (api.Semaphore keeps it between holders). Held keys,
 // contender entries (they belong to a session, dead or alive) and anything
@@ -610,7 +611,9 @@ func resting(p *api.KVPair) bool {
 	if p.Session != "" {
 		return false
 	}
-	return p.Flags == lockFlags || (p.Flags == semFlags && strings.HasSuffix(p.Key, "/.lock"))
+	// A read-write lock's state key and its `.lock` marker stay too (its
+	// contender entries, other flags, are leaks).
+	return p.Flags == lockFlags || (p.Flags == semFlags && strings.HasSuffix(p.Key, "/.lock")) || p.Flags == broker.RWLockFlagValue
 }
 
 func expiring(l Leftovers) bool {
