@@ -72,23 +72,16 @@ func decodeAcquire(prefix string, kind uint8, limit uint32, key uint8, keys []by
 	if lim > 1024 {
 		c.fields = append(c.fields, "limit")
 	}
+	lockKind := k == lockbrokerv1.AcquireKind_ACQUIRE_KIND_UNSPECIFIED || k == lockbrokerv1.AcquireKind_ACQUIRE_KIND_LOCK
+	if len(c.req.Keys) > 0 && (!lockKind || lim > 1) {
+		keysBad = true // keys are for plain locks only (kind LOCK or UNSPECIFIED, limit 0 or 1)
+		c.fields = append(c.fields, "kind", "limit")
+	}
 	switch k {
-	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_UNSPECIFIED:
-		if lim > 1 && len(c.req.Keys) > 0 {
-			keysBad = true // keys are for locks only
-		}
+	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_UNSPECIFIED, lockbrokerv1.AcquireKind_ACQUIRE_KIND_SEMAPHORE:
 	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_LOCK, lockbrokerv1.AcquireKind_ACQUIRE_KIND_READ, lockbrokerv1.AcquireKind_ACQUIRE_KIND_WRITE:
 		if lim > 1 {
 			c.fields = append(c.fields, "limit", "kind")
-		}
-		if k != lockbrokerv1.AcquireKind_ACQUIRE_KIND_LOCK && len(c.req.Keys) > 0 {
-			keysBad = true // a multi-key lock is a plain lock
-			c.fields = append(c.fields, "kind")
-		}
-	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_SEMAPHORE:
-		if len(c.req.Keys) > 0 {
-			keysBad = true
-			c.fields = append(c.fields, "kind", "limit")
 		}
 	default:
 		c.fields = append(c.fields, "kind")
