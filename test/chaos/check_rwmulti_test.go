@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -170,4 +171,15 @@ func TestCheckTokenOrder(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestMultiKeys(t *testing.T) {
+	key := func(i int) string { return fmt.Sprint(i % 3) }
+	assert.Equal(t, []string{"0", "1"}, multiKeys(0, 3, key))
+	assert.Equal(t, []string{"0", "2", "1"}, multiKeys(1, 3, key), "odd clients ask in falling order")
+	assert.Equal(t, []string{"2", "0"}, multiKeys(2, 3, key))
+	assert.Len(t, multiKeys(3, 2, key), 2, "never more keys than there are")
+	v := multiValue("client-1(multi)", []string{"a/0", "a/1"})
+	assert.Equal(t, []string{"a/0", "a/1"}, multiKeysOf(v))
+	assert.Nil(t, multiKeysOf("client-1(lib)"))
 }
