@@ -157,6 +157,11 @@ func TestMultiKeyReleaseLocal(t *testing.T) {
 	require.True(t, res.GetReleased())
 	require.Len(t, m.next(5*time.Second, lkIsReleased).GetReleased().GetSequencers(), 3)
 	require.ElementsMatch(t, keys, freeKeys(t, cc, keys))
+	// A retry, through another key, is answered OK: nothing to release.
+	first := a.GetSequencers()[0]
+	res, err = cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: first.GetKey(), SessionId: first.GetSessionId(), Token: first.GetToken()})
+	require.NoError(t, err)
+	require.False(t, res.GetReleased())
 	// A wrong token releases nothing.
 	m2 := acquire(t, cs[0], multiReq(keys, "v"))
 	a2 := m2.acquired(10 * time.Second)
