@@ -495,8 +495,9 @@ func (r *run) progress(ctx context.Context) {
 		_, nf := r.faults.snapshot()
 		fe, ov := CheckFencing(s), CheckOverlap(s)
 		lb, _ := CheckLoss(s, lossBounds)
-		r.logf("faults %d, holds %d, losses %d, fencing refusals %d; violations so far: fencing %d, overlap %d, loss-bound %d",
-			nf, len(s.Holds), lost, r.res.Refused(), fe.Count, ov.Count, lb.Count)
+		rw, mk, to := CheckRW(s), CheckMulti(s), CheckTokenOrder(s)
+		r.logf("faults %d, holds %d, losses %d, fencing refusals %d; violations so far: fencing %d, overlap %d, loss-bound %d, rw-exclusion %d, multi-atomic %d, token-order %d",
+			nf, len(s.Holds), lost, r.res.Refused(), fe.Count, ov.Count, lb.Count, rw.Count, mk.Count, to.Count)
 	}
 }
 
