@@ -186,7 +186,7 @@ clean:
 .PHONY: chaos-short fuzz
 CHAOS := $(GO) run ./test/chaos/cmd/chaos
 FUZZTIME ?= 30s
-FUZZ_TARGETS := FuzzRequests FuzzSemaphoreLock FuzzHoldStateMachine
+FUZZ_TARGETS := FuzzRequests FuzzSemaphoreLock FuzzHoldStateMachine FuzzAcquireKinds
 
 # About 3 minutes: faults against race-built brokers, then each mutant on
 # a short focused schedule (every mutant must be caught). MUTANT=name runs

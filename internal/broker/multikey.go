@@ -607,6 +607,9 @@ func (m *multiHold) grant(ctx context.Context, sts []*State) ([]Sequencer, error
 	if recInline {
 		lockAt = len(recOps)
 	}
+	if mutantMultiPartial {
+		mutantOneByOne(ctx, h.st, must)
+	}
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
 		h.unsure = h.unsure || ctx.Err() != nil

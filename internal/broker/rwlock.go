@@ -161,6 +161,9 @@ func rwGrantable(st *State, session string, write bool, me *Entry) bool {
 		}
 		return len(rwAhead(st, session, me)) == 0
 	}
+	if mutantRWReaderBesideWriter {
+		return true
+	}
 	for _, hd := range st.Holders {
 		if !hd.Read {
 			return false
@@ -361,11 +364,21 @@ func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
 		h.setRecord(next)
 		h.b.hub.known.forget(key)
 		h.mu.Lock()
-		h.early = &Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: k.ModifyIndex, Kind: KindRWLock, Read: h.spec.Mode == ModeRead}
+		h.early = &Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: rwToken(k), Kind: KindRWLock, Read: h.spec.Mode == ModeRead}
 		h.rwBase = out
 		h.mu.Unlock()
 	}
 	return out, nil
+}
+
+// rwToken is the token of a grant that wrote K as k: K's ModifyIndex
+// (its CreateIndex, never above an earlier grant's, in the rw-stale-token
+// mutant).
+func rwToken(k *Entry) uint64 {
+	if mutantRWStaleToken {
+		return k.CreateIndex
+	}
+	return k.ModifyIndex
 }
 
 // takeEarly returns (once) the grant enterRW made.
@@ -437,7 +450,7 @@ func (h *hold) tryRW(ctx context.Context, st *State, fresh bool) (*Sequencer, er
 	h.mu.Lock()
 	h.rwBase = afterTxn(st, ops, res)
 	h.mu.Unlock()
-	return &Sequencer{Key: key, Session: h.session, LockIndex: me.LockIndex, Token: res[casAt].ModifyIndex, Kind: KindRWLock, Read: h.spec.Mode == ModeRead}, nil
+	return &Sequencer{Key: key, Session: h.session, LockIndex: me.LockIndex, Token: rwToken(res[casAt]), Kind: KindRWLock, Read: h.spec.Mode == ModeRead}, nil
 }
 
 // rwTurn says whether an RW waiter may attempt on st (see turn).

@@ -27,6 +27,10 @@ var Mutants = map[string]string{
 	"no-fencing":      "",
 	"no-resume-fence": "mutant_no_resume_fence",
 	"no-shared-queue": "mutant_no_shared_queue",
+	// Issue 43: read-write and multi-key locks.
+	"rw-reader-beside-writer": "mutant_rw_reader_beside_writer",
+	"rw-stale-token":          "mutant_rw_stale_token",
+	"multi-partial":           "mutant_multi_partial",
 }
 
 // BuildBroker builds cmd/broker from the module at src into dir, with the

@@ -133,7 +133,8 @@ func CheckFencing(s *Snapshot) Result {
 	return r
 }
 
-// CheckOverlap checks the belief intervals: for every key, holds of
+// CheckOverlap checks the belief intervals: for every key, holds (but
+// read-write ones: CheckRW) of
 // clients that were not paused never overlap in time beyond the key's
 // limit (1 for a lock). All clients share the run's clock. A hold an
 // operator took away while its client was cut off from its broker, or its
@@ -152,8 +153,8 @@ func CheckOverlap(s *Snapshot) Result {
 		}
 		var evs []ev
 		for _, h := range holds {
-			if h.Paused || s.frozen(h.Client, h.Acquired, h.End) {
-				continue
+			if h.Mode != "" || h.Paused || s.frozen(h.Client, h.Acquired, h.End) {
+				continue // read-write holds: CheckRW
 			}
 			checked++
 			end := h.End
@@ -267,6 +268,9 @@ func CheckLoss(s *Snapshot, b LossBounds) (Result, LossStats) {
 				end = min(end, u)
 			}
 			for _, g := range holds[h.Key] {
+				if g.Mode == ModeRead && h.Mode == ModeRead {
+					continue // readers share a read-write lock
+				}
 				if g.ID != h.ID && g.Client != h.Client && g.Acquired > h.Acquired && g.Acquired < end {
 					r.add(Violation{At: g.Acquired, Key: h.Key,
 						Msg:     fmt.Sprintf("another holder received acquired %s before this holder learned of its loss", ms(h.End-g.Acquired)),
@@ -393,7 +397,7 @@ func CheckLiveness(s *Snapshot, recovery, vanish time.Duration, clients map[int]
 		}
 		sort.Ints(ids)
 		for _, id := range ids {
-			if clients[id] == KindObserver || s.frozen(id, q.Start, q.End) {
+			if clients[id] == KindObserver || clients[id] == KindMultiObs || s.frozen(id, q.Start, q.End) {
 				continue
 			}
 			checked++

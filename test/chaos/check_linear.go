@@ -120,26 +120,28 @@ var lockModel = porcupine.Model{
 }
 
 // linOps builds the model's history from a snapshot: lock keys only
-// (semaphores have several holders and no fenced register).
+// (semaphores and read-write locks have several holders: CheckRW and
+// CheckTokenOrder judge the latter).
 func linOps(s *Snapshot) []porcupine.Operation {
 	var ops []porcupine.Operation
+	rw := rwKeys(s)
 	add := func(client int, in linInput, out linOutput, call, ret time.Duration) {
 		ops = append(ops, porcupine.Operation{ClientId: client, Input: in, Output: out, Call: int64(call), Return: int64(ret)})
 	}
 	for _, h := range s.Holds {
-		if s.limit(h.Key) != 1 {
+		if s.limit(h.Key) != 1 || rw[h.Key] {
 			continue
 		}
 		add(h.Client, linInput{Op: opAcquire, Key: h.Key}, linOutput{Token: h.Token}, h.Call, h.Acquired)
 	}
 	for _, w := range s.Writes {
-		if s.limit(w.Key) != 1 {
+		if s.limit(w.Key) != 1 || rw[w.Key] {
 			continue
 		}
 		add(w.Client, linInput{Op: opWrite, Key: w.Key, Token: w.Token}, linOutput{OK: w.Accepted}, w.Call, w.Return)
 	}
 	for _, c := range s.Checks {
-		if s.limit(c.Key) != 1 {
+		if s.limit(c.Key) != 1 || rw[c.Key] {
 			continue
 		}
 		if c.GetLock {

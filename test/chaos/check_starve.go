@@ -64,6 +64,9 @@ func CheckStarvation(s *Snapshot, b StarvationBounds) Result {
 		attempts[a.Key] = append(attempts[a.Key], a)
 	}
 	for _, a := range s.Attempts {
+		if len(a.Keys) > 0 {
+			continue // a multi-key wait also waits for its other keys: not this bound
+		}
 		if since, ok := quietSince(s, a.Call); ok && a.Call < since+b.Settle {
 			continue
 		}

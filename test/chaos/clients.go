@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/consul/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,6 +32,9 @@ type Env struct {
 	IgnoreTokens bool
 	// LongHolds: holds last 15–25s outside quiet periods.
 	LongHolds bool
+	// Admin is a Consul client of a running server (the operator's view,
+	// not proxied), for observers that read Consul itself.
+	Admin func() (*api.Client, error)
 }
 
 // Client is one client of the run: a goroutine (two for observers) with
@@ -42,6 +47,9 @@ type Client struct {
 	Links []*Link // one per broker, in broker order
 	// Pin is the one broker a hot-key client uses (-1: every broker).
 	Pin int
+	// Keys: a multi-key client's keys, Key first (KindMulti), or the
+	// multi-key lock keys a KindMultiObs observer lists in Consul.
+	Keys []string
 
 	env     *Env
 	conns   []*grpc.ClientConn
@@ -104,8 +112,12 @@ func (c *Client) Run(ctx context.Context) {
 		c.loop(ctx, c.acquireRaw, true)
 	case KindSem:
 		c.loop(ctx, c.acquireLib, false)
+	case KindReader, KindWriter, KindMulti:
+		c.loop(ctx, c.acquireRaw, c.Kind != KindReader) // readers do not write
 	case KindObserver:
 		c.observe(ctx)
+	case KindMultiObs:
+		c.observeConsul(ctx)
 	default:
 		c.loop(ctx, c.acquireLib, true)
 	}
@@ -167,8 +179,21 @@ type lease interface {
 	replica() int // the broker index whose stream holds it now
 }
 
-// acquireFunc takes the client's key once (bounded by ctx).
-type acquireFunc func(ctx context.Context) (lease, *lockbrokerv1.Sequencer, error)
+// acquireFunc takes the client's key (or keys) once (bounded by ctx): the
+// grant's sequencers, the first key's first (one per key of a multi-key
+// grant, as `acquired` listed them).
+type acquireFunc func(ctx context.Context) (lease, []*lockbrokerv1.Sequencer, error)
+
+// mode is the read-write mode of the client's holds ("" for none).
+func (c *Client) mode() string {
+	switch c.Kind {
+	case KindReader:
+		return ModeRead
+	case KindWriter:
+		return ModeWrite
+	}
+	return ""
+}
 
 // loop acquires, holds, releases, again and again.
 func (c *Client) loop(ctx context.Context, acquire acquireFunc, writes bool) {
@@ -180,10 +205,10 @@ func (c *Client) loop(ctx context.Context, acquire acquireFunc, writes bool) {
 		}
 		call := c.env.Hist.Now()
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		l, seq, err := acquire(actx)
+		l, seqs, err := acquire(actx)
 		cancel()
 		ret := c.env.Hist.Now()
-		a := Attempt{Client: c.ID, Key: c.Key, Call: call, Return: ret, OK: err == nil}
+		a := Attempt{Client: c.ID, Key: c.Key, Keys: c.Keys, Call: call, Return: ret, OK: err == nil}
 		if err != nil {
 			a.Err = truncate(err.Error(), 200)
 		}
@@ -195,9 +220,19 @@ func (c *Client) loop(ctx context.Context, acquire acquireFunc, writes bool) {
 			sleep(ctx, c.between(100*time.Millisecond, time.Second))
 			continue
 		}
-		h := c.env.Hist.StartHold(Hold{Client: c.ID, Kind: c.Kind, Key: c.Key, Limit: c.Limit,
-			Token: seq.GetToken(), Session: seq.GetSessionId(), Call: call, Acquired: ret})
-		c.hold(ctx, l, seq, h, writes)
+		var hs []*Hold
+		if c.Kind == KindMulti { // one hold per key `acquired` listed
+			var group []Hold
+			for _, seq := range seqs {
+				group = append(group, Hold{Client: c.ID, Kind: c.Kind, Key: seq.GetKey(), Limit: 1,
+					Token: seq.GetToken(), Session: seq.GetSessionId(), Call: call, Acquired: ret, Keys: c.Keys})
+			}
+			hs = c.env.Hist.StartGroup(group)
+		} else {
+			hs = []*Hold{c.env.Hist.StartHold(Hold{Client: c.ID, Kind: c.Kind, Key: c.Key, Limit: c.Limit,
+				Token: seqs[0].GetToken(), Session: seqs[0].GetSessionId(), Call: call, Acquired: ret, Mode: c.mode()})}
+		}
+		c.hold(ctx, l, seqs[0], hs, writes)
 		if c.Kind != KindHot { // a hot client asks again at once
 			sleep(ctx, c.between(0, 300*time.Millisecond))
 		}
@@ -208,8 +243,11 @@ func (c *Client) loop(ctx context.Context, acquire acquireFunc, writes bool) {
 func (c *Client) hotKey() bool { return c.Kind == KindHot || c.Kind == KindFar }
 
 // hold keeps a believed hold until it is lost, its time is up, or ctx
-// ends, writing to the fenced resource and checking the sequencer.
-func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer, h *Hold, writes bool) {
+// ends, writing to the fenced resource and checking the sequencer. hs are
+// the holds of the grant: one, or one per key of a multi-key grant (each
+// written with its own token; the first one's sequencer is checked).
+func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer, hs []*Hold, writes bool) {
+	h := hs[0]
 	resumes0 := c.resumes.Load()
 	hist := c.env.Hist
 	c.cur.Store(&leaseRef{l})
@@ -234,7 +272,9 @@ func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer,
 		if t := time.Duration(lostAt.Load()); t > 0 && t < at && !paused {
 			at = t
 		}
-		hist.EndHold(h, at, reason, hist.Offset(l.deadline()), int(c.resumes.Load()-resumes0))
+		for _, h := range hs {
+			hist.EndHold(h, at, reason, hist.Offset(l.deadline()), int(c.resumes.Load()-resumes0))
+		}
 	}
 	lostNow := func() bool {
 		select {
@@ -253,12 +293,16 @@ func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer,
 	defer checkT.Stop()
 	frozen := func() {
 		paused = true
-		hist.Pause(h)
+		for _, h := range hs {
+			hist.Pause(h)
+		}
 		c.gate.waitThaw(ctx)
 		// A paused process finishes the write it had started, without
 		// looking at the lease: only the token can stop it now.
 		if writes && ctx.Err() == nil {
-			c.write(h, true)
+			for _, h := range hs {
+				c.write(h, true)
+			}
 		}
 	}
 	for {
@@ -285,7 +329,9 @@ func (c *Client) hold(ctx context.Context, l lease, seq *lockbrokerv1.Sequencer,
 				return
 			}
 			if writes {
-				c.write(h, false)
+				for _, h := range hs {
+					c.write(h, false)
+				}
 			}
 			writeT.Reset(c.between(100*time.Millisecond, 300*time.Millisecond))
 		case <-checkT.C:
@@ -352,7 +398,7 @@ func (c *Client) libClient() (cl *client.Client, first int) {
 }
 
 // acquireLib takes the key with the Go client (resume on).
-func (c *Client) acquireLib(ctx context.Context) (lease, *lockbrokerv1.Sequencer, error) {
+func (c *Client) acquireLib(ctx context.Context) (lease, []*lockbrokerv1.Sequencer, error) {
 	opts := []client.LockOption{client.WithTTL(c.env.TTL), client.WithLockDelay(c.env.LockDelay),
 		client.WithValue([]byte(c.Name()))}
 	if c.Limit > 1 {
@@ -363,7 +409,7 @@ func (c *Client) acquireLib(ctx context.Context) (lease, *lockbrokerv1.Sequencer
 	if err != nil {
 		return nil, nil, err
 	}
-	return &libLease{l: l, first: first, n: len(c.conns)}, l.Sequencer(), nil
+	return &libLease{l: l, first: first, n: len(c.conns)}, []*lockbrokerv1.Sequencer{l.Sequencer()}, nil
 }
 
 // libLease adapts a client.Lease.
@@ -402,17 +448,29 @@ func (l *libLease) reason() string {
 const rawMargin = 250 * time.Millisecond
 
 // acquireRaw takes the key with a bare LockService stub on one replica:
-// no resume; the client enforces the deadline itself.
-func (c *Client) acquireRaw(ctx context.Context) (lease, *lockbrokerv1.Sequencer, error) {
+// no resume; the client enforces the deadline itself. Readers and writers
+// ask for kind READ or WRITE, a multi-key client for all its keys (its
+// value names them, for the observers of Consul).
+func (c *Client) acquireRaw(ctx context.Context) (lease, []*lockbrokerv1.Sequencer, error) {
 	idx := c.rng.IntN(len(c.conns))
 	stub := lockbrokerv1.NewLockServiceClient(c.conns[idx])
 	sctx, cancel := context.WithCancel(context.Background())
 	stop := context.AfterFunc(ctx, cancel)
-	stream, err := stub.Acquire(sctx, &lockbrokerv1.AcquireRequest{
+	req := &lockbrokerv1.AcquireRequest{
 		Key: c.Key, Value: []byte(c.Name()), Limit: uint32(c.Limit),
 		Session: &lockbrokerv1.AcquireRequest_NewSession{NewSession: &lockbrokerv1.SessionOptions{
 			Ttl: durationpb.New(c.env.TTL), LockDelay: durationpb.New(c.env.LockDelay)}},
-	})
+	}
+	switch c.Kind {
+	case KindReader:
+		req.Kind = lockbrokerv1.AcquireKind_ACQUIRE_KIND_READ
+	case KindWriter:
+		req.Kind = lockbrokerv1.AcquireKind_ACQUIRE_KIND_WRITE
+	case KindMulti:
+		req.Keys = c.Keys[1:]
+		req.Value = []byte(multiValue(c.Name(), c.Keys))
+	}
+	stream, err := stub.Acquire(sctx, req)
 	if err != nil {
 		stop()
 		cancel()
@@ -433,7 +491,11 @@ func (c *Client) acquireRaw(ctx context.Context) (lease, *lockbrokerv1.Sequencer
 			l := &rawLease{stub: stub, idx: idx, cancel: cancel, seq: a.GetSequencer(), lostCh: make(chan struct{}), done: make(chan struct{}),
 				dl: time.Now().Add(a.GetGuaranteedFor().AsDuration())}
 			go l.follow(stream)
-			return l, a.GetSequencer(), nil
+			seqs := a.GetSequencers()
+			if len(seqs) == 0 {
+				seqs = []*lockbrokerv1.Sequencer{a.GetSequencer()}
+			}
+			return l, seqs, nil
 		}
 	}
 }
@@ -616,6 +678,51 @@ func (c *Client) pollGetLock(ctx context.Context) {
 		}
 		c.env.Hist.AddCheck(Check{Client: c.ID, Key: c.Key, GetLock: true, Holder: holderToken(resp.GetState()),
 			Call: call, Return: c.env.Hist.Now()})
+	}
+}
+
+// observeConsul lists the multi-key lock keys straight from Consul, by
+// consistent blocking queries on their prefix (every change of the
+// prefix's index wakes it), and records which session and value hold
+// each key (CheckMulti).
+func (c *Client) observeConsul(ctx context.Context) {
+	if len(c.Keys) == 0 || c.env.Admin == nil {
+		return
+	}
+	prefix := c.Keys[0][:strings.LastIndex(c.Keys[0], "/")+1]
+	var index uint64
+	var kv *api.Client // one client (one connection pool) until it fails
+	for ctx.Err() == nil {
+		if kv == nil {
+			var err error
+			if kv, err = c.env.Admin(); err != nil {
+				sleep(ctx, 200*time.Millisecond)
+				continue
+			}
+		}
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		pairs, meta, err := kv.KV().List(prefix, (&api.QueryOptions{RequireConsistent: true, WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(qctx))
+		cancel()
+		if err != nil {
+			kv, index = nil, 0 // its server may be down: ask for a running one
+			sleep(ctx, 200*time.Millisecond)
+			continue
+		}
+		if meta.LastIndex < index { // the index went back (a restored server): start over
+			index = 0
+			continue
+		}
+		if meta.LastIndex == index {
+			continue // the wait timed out: nothing changed
+		}
+		index = meta.LastIndex
+		v := KVView{Client: c.ID, At: c.env.Hist.Now(), Index: meta.LastIndex}
+		for _, p := range pairs {
+			if p.Session != "" && slices.Contains(c.Keys, p.Key) {
+				v.Held = append(v.Held, KVHeld{Key: p.Key, Session: p.Session, Value: string(p.Value)})
+			}
+		}
+		c.env.Hist.AddKVView(v)
 	}
 }
 

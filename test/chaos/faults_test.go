@@ -50,6 +50,15 @@ func TestPlanShortAndMutants(t *testing.T) {
 		for _, k := range mp.Must {
 			assert.Positive(t, ms.ByKind()[k], "%s: %s is planned", m, k)
 		}
+		switch m {
+		case "rw-reader-beside-writer", "rw-stale-token":
+			assert.Positive(t, mp.Readers*mp.Writers*mp.RWKeys, "%s: readers and writers share a key", m)
+		case "multi-partial":
+			assert.Positive(t, mp.Multi*mp.MultiObs, "%s: multi-key clients and an observer of Consul", m)
+			assert.GreaterOrEqual(t, mp.MultiKeys, 3, "%s: overlapping sets", m)
+		default:
+			assert.Zero(t, mp.Readers+mp.Writers+mp.Multi+mp.MultiObs, "%s: runs as before issue 43", m)
+		}
 		if m == "no-shared-queue" {
 			assert.False(t, ms.Segments[0].Chaos, "no-shared-queue: quiet, for the starvation checker")
 			assert.Positive(t, mp.Hot*mp.Far, "no-shared-queue: the hot key is used")

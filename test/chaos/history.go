@@ -21,6 +21,17 @@ const (
 	// per replica would starve (see CheckStarvation).
 	KindHot ClientKind = "hot" // Go client on broker 0 only; holds 20–40ms, asks again at once
 	KindFar ClientKind = "far" // Go client on one other broker only; holds 20–40ms
+	// Read-write locks and multi-key locks (issue 43), on raw stubs.
+	KindReader   ClientKind = "reader"    // ACQUIRE_KIND_READ on a read-write key
+	KindWriter   ClientKind = "writer"    // ACQUIRE_KIND_WRITE on a read-write key
+	KindMulti    ClientKind = "multi"     // AcquireRequest.keys: several lock keys at once
+	KindMultiObs ClientKind = "multi-obs" // lists the multi-key lock keys in Consul (blocking queries)
+)
+
+// Modes of a read-write hold (Hold.Mode).
+const (
+	ModeRead  = "read"
+	ModeWrite = "write"
 )
 
 // End reasons of a hold, as the client saw them. A loss names the broker's
@@ -55,6 +66,15 @@ type Hold struct {
 	Paused bool
 	// Resumes counts the resume attempts the client made during the hold.
 	Resumes int
+	// Mode is ModeRead or ModeWrite for a hold of a read-write lock, ""
+	// otherwise.
+	Mode string `json:",omitempty"`
+	// Group ties the holds of one multi-key grant together (one Hold per
+	// key, each with its own token; Group is the first one's ID), and
+	// Keys are every key the request asked for, in its order. 0 and nil
+	// for a single-key hold.
+	Group int      `json:",omitempty"`
+	Keys  []string `json:",omitempty"`
 }
 
 // Ended reports whether the belief has ended.
@@ -100,6 +120,8 @@ type Check struct {
 type Attempt struct {
 	Client int
 	Key    string
+	// Keys: a multi-key request's keys (Key is the first).
+	Keys   []string `json:",omitempty"`
 	Call   time.Duration
 	Return time.Duration
 	OK     bool
@@ -154,6 +176,21 @@ type Observation struct {
 	Raw    bool   // raw stub Watch rather than client.Watch
 }
 
+// KVView is one consistent read, by an observer straight from Consul, of
+// the multi-key lock keys: the keys held at one Raft index, with the
+// session and value holding each.
+type KVView struct {
+	Client int
+	At     time.Duration
+	Index  uint64
+	Held   []KVHeld `json:",omitempty"`
+}
+
+// KVHeld is one key held in a KVView.
+type KVHeld struct {
+	Key, Session, Value string
+}
+
 // History is everything the run recorded. It is safe for concurrent use
 // while recording; the checkers read a Snapshot.
 type History struct {
@@ -168,6 +205,7 @@ type History struct {
 	quiets       []Quiet
 	freezes      []Freeze
 	observations []Observation
+	views        []KVView
 	limits       map[string]int
 }
 
@@ -195,6 +233,23 @@ func (h *History) StartHold(hd Hold) *Hold {
 	p := &hd
 	h.holds = append(h.holds, p)
 	return p
+}
+
+// StartGroup records the holds of one multi-key grant, one per key, tied
+// by Group (the first hold's ID); update them through EndHold and Pause.
+func (h *History) StartGroup(hds []Hold) []*Hold {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*Hold, 0, len(hds))
+	group := len(h.holds) + 1
+	for _, hd := range hds {
+		hd.ID = len(h.holds) + 1
+		hd.Group = group
+		p := &hd
+		h.holds = append(h.holds, p)
+		out = append(out, p)
+	}
+	return out
 }
 
 // EndHold ends hd's belief at at with reason, the client's deadline and
@@ -298,6 +353,13 @@ func (h *History) AddObservation(o Observation) {
 	h.mu.Unlock()
 }
 
+// AddKVView records an observer's consistent read of the multi-key keys.
+func (h *History) AddKVView(v KVView) {
+	h.mu.Lock()
+	h.views = append(h.views, v)
+	h.mu.Unlock()
+}
+
 // Snapshot is a copy of a History, for the checkers. Holds still believed
 // are closed at End with EndRunEnd.
 type Snapshot struct {
@@ -309,6 +371,7 @@ type Snapshot struct {
 	Quiets       []Quiet
 	Freezes      []Freeze
 	Observations []Observation
+	Views        []KVView
 	Limits       map[string]int
 	End          time.Duration
 }
@@ -339,6 +402,7 @@ func (h *History) Snapshot() *Snapshot {
 	s.Quiets = append(s.Quiets, h.quiets...)
 	s.Freezes = append(s.Freezes, h.freezes...)
 	s.Observations = append(s.Observations, h.observations...)
+	s.Views = append(s.Views, h.views...)
 	for k, v := range h.limits {
 		s.Limits[k] = v
 	}

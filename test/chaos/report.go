@@ -98,6 +98,7 @@ func (r *run) report(s *Snapshot, sched *Schedule, left Leftovers, d time.Durati
 	sb := starvationBounds
 	sb.Settle = r.p.Recovery()
 	rep.Checkers = append(rep.Checkers, CheckStarvation(s, sb))
+	rep.Checkers = append(rep.Checkers, CheckRW(s), CheckMulti(s), CheckTokenOrder(s))
 	rep.Checkers = append(rep.Checkers, CheckLeaks(left))
 	r.mu.Lock()
 	rep.Notes = append(rep.Notes, r.notes...)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
+	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
@@ -30,9 +32,15 @@ type Profile struct {
 	LockKeys, SemKeys, ElectKeys    int
 	// Hot clients pass the hot key among themselves on broker 0, and Far
 	// clients wait for it on the other brokers, in quiet periods only.
-	Hot, Far       int
-	SemLimit       int
-	TTL, LockDelay time.Duration
+	Hot, Far int
+	// Read-write locks (raw stubs, kind READ/WRITE) on RWKeys keys, and
+	// multi-key locks (raw stubs, AcquireRequest.keys: overlapping key
+	// sets of 2 or 3 of MultiKeys keys, in different orders) watched in
+	// Consul by MultiObs observers.
+	Readers, Writers, RWKeys   int
+	Multi, MultiKeys, MultiObs int
+	SemLimit                   int
+	TTL, LockDelay             time.Duration
 	// Weights override fault weights (0 removes a kind); Must are kinds
 	// placed first in their lane.
 	Weights map[string]float64
@@ -63,12 +71,14 @@ func (p Profile) Vanish() time.Duration { return 20*time.Second + p.LockDelay + 
 // Profiles are the built-in profiles.
 var Profiles = map[string]Profile{
 	"short": {Name: "short", Total: 85 * time.Second, ChaosLen: 45 * time.Second, QuietLen: 40 * time.Second,
-		Brokers: 3, Lib: 20, Raw: 3, Sem: 4, Elect: 3, Observers: 2, LockKeys: 5, SemKeys: 1, ElectKeys: 1, SemLimit: 3, Hot: 3, Far: 2,
+		Brokers: 3, Lib: 14, Raw: 3, Sem: 4, Elect: 3, Observers: 2, LockKeys: 5, SemKeys: 1, ElectKeys: 1, SemLimit: 3, Hot: 3, Far: 2,
+		Readers: 3, Writers: 2, RWKeys: 1, Multi: 3, MultiKeys: 3, MultiObs: 1,
 		TTL: 10 * time.Second, LockDelay: 2 * time.Second, CheckLiveness: true, LinTimeout: 30 * time.Second,
 		Must:    []string{FClientFreezeReset, FBrokerTerm},
 		Weights: map[string]float64{FConsulRestartAll: 0.3}},
 	"full": {Name: "full", Total: 20 * time.Minute, ChaosLen: 150 * time.Second, QuietLen: 45 * time.Second,
-		Brokers: 3, Lib: 50, Raw: 6, Sem: 8, Elect: 6, Observers: 4, LockKeys: 12, SemKeys: 2, ElectKeys: 2, SemLimit: 3, Hot: 3, Far: 2,
+		Brokers: 3, Lib: 40, Raw: 6, Sem: 8, Elect: 6, Observers: 4, LockKeys: 12, SemKeys: 2, ElectKeys: 2, SemLimit: 3, Hot: 3, Far: 2,
+		Readers: 6, Writers: 4, RWKeys: 2, Multi: 6, MultiKeys: 4, MultiObs: 1,
 		TTL: 10 * time.Second, LockDelay: 2 * time.Second, CheckLiveness: true, LinTimeout: 3 * time.Minute,
 		Must: []string{FClientFreezeReset, FBrokerTerm, FClientFreeze}},
 }
@@ -87,6 +97,7 @@ func MutantProfile(mutant string) Profile {
 	p.Lib, p.Raw, p.Sem, p.Elect, p.Observers = 12, 2, 3, 3, 1
 	p.LockKeys = 3
 	p.Hot, p.Far = 0, 0
+	p.Readers, p.Writers, p.Multi, p.MultiObs = 0, 0, 0, 0
 	p.Weights = map[string]float64{FConsulRestartAll: 0, FBrokerPauseLong: 0.5}
 	switch mutant {
 	case "no-loss-notice":
@@ -113,6 +124,20 @@ func MutantProfile(mutant string) Profile {
 		p.Must = nil
 		p.Hot, p.Far = 3, 2
 		p.OwnCluster, p.Servers = true, 1
+	case "rw-reader-beside-writer", "rw-stale-token":
+		// Readers and writers on one key, quiet (short holds, many
+		// grants): what these break shows without faults. Two readers
+		// leave the key free now and then, so writers get it (with more,
+		// a mutant that lets readers in beside a writer starves the
+		// writers instead, and no reader ever meets one).
+		p.ChaosLen, p.QuietLen, p.Must = 0, 32*time.Second, nil
+		p.Lib, p.Raw, p.Sem, p.Elect, p.Observers = 2, 0, 0, 0, 0
+		p.Readers, p.Writers, p.RWKeys = 2, 3, 1
+	case "multi-partial":
+		// Multi-key clients on overlapping keys, watched in Consul, quiet.
+		p.ChaosLen, p.QuietLen, p.Must = 0, 32*time.Second, nil
+		p.Lib, p.Raw, p.Sem, p.Elect, p.Observers = 2, 0, 0, 0, 0
+		p.Multi, p.MultiKeys, p.MultiObs = 5, 3, 1
 	}
 	return p
 }
@@ -170,7 +195,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r := &run{cfg: cfg, p: p, prefix: fmt.Sprintf("chaos/%d-%s", cfg.Seed, tag), hist: NewHistory(),
 		res: NewResource(cfg.Mutant != "no-fencing"), net: NewNetwork()}
 	defer r.net.Close()
-	r.env = &Env{Hist: r.hist, Res: r.res, Quiet: &r.quiet, TTL: p.TTL, LockDelay: p.LockDelay, IgnoreTokens: cfg.Mutant == "no-fencing", LongHolds: p.LongHolds}
+	r.env = &Env{Hist: r.hist, Res: r.res, Quiet: &r.quiet, TTL: p.TTL, LockDelay: p.LockDelay, IgnoreTokens: cfg.Mutant == "no-fencing", LongHolds: p.LongHolds,
+		Admin: r.admin}
 	sched := Plan(cfg.Seed, p.Total, p.ChaosLen, p.QuietLen, p.TTL, p.LockDelay, p.Weights, p.Must)
 	r.logf("run %s: seed %d (SEED=%d replays it), profile %s, %d faults planned: %s", tag, cfg.Seed, cfg.Seed, p.Name,
 		sched.Count(), describeKinds(sched.ByKind()))
@@ -340,6 +366,7 @@ func (r *run) startBrokers(ctx context.Context) error {
 
 func (r *run) startClients() error {
 	id := 0
+	var keys []string // a multi-key client's (set before add)
 	add := func(kind ClientKind, key string, limit int, pin int) error {
 		id++
 		var links []*Link
@@ -354,7 +381,7 @@ func (r *run) startClients() error {
 		if err != nil {
 			return err
 		}
-		c.Pin = pin
+		c.Pin, c.Keys = pin, keys
 		r.hist.SetLimit(key, limit)
 		r.clients = append(r.clients, c)
 		return nil
@@ -385,6 +412,36 @@ func (r *run) startClients() error {
 			return err
 		}
 	}
+	for i := range r.p.Readers + r.p.Writers {
+		kind := KindReader
+		if i >= r.p.Readers {
+			kind = KindWriter
+		}
+		if err := add(kind, fmt.Sprintf("%s/rw/%d", r.prefix, i%max(r.p.RWKeys, 1)), 1, -1); err != nil {
+			return err
+		}
+	}
+	multiKey := func(i int) string { return fmt.Sprintf("%s/multi/%d", r.prefix, i%max(r.p.MultiKeys, 1)) }
+	for i := range r.p.Multi {
+		keys = multiKeys(i, max(r.p.MultiKeys, 2), multiKey)
+		if err := add(KindMulti, keys[0], 1, -1); err != nil {
+			return err
+		}
+		for _, k := range keys {
+			r.hist.SetLimit(k, 1)
+		}
+	}
+	keys = nil
+	for range r.p.MultiObs {
+		keys = nil
+		for i := range r.p.MultiKeys {
+			keys = append(keys, multiKey(i))
+		}
+		if err := add(KindMultiObs, keys[0], 1, -1); err != nil {
+			return err
+		}
+	}
+	keys = nil
 	hot := r.prefix + "/hot"
 	for range r.p.Hot {
 		if err := add(KindHot, hot, 1, 0); err != nil {
@@ -400,6 +457,21 @@ func (r *run) startClients() error {
 	// fault picks them.
 	r.faultable = r.clients[:len(r.clients)-r.p.Hot-r.p.Far]
 	return nil
+}
+
+// multiKeys are multi-key client i's keys among n: 2 or 3 keys starting
+// at i, in rising order for even i and falling for odd i, so that the
+// clients' sets overlap and are taken in different orders.
+func multiKeys(i, n int, key func(int) string) []string {
+	size := min(2+i%2, n)
+	var out []string
+	for j := range size {
+		out = append(out, key(i+j))
+	}
+	if i%2 == 1 {
+		slices.Reverse(out)
+	}
+	return out
 }
 
 // progress prints a line every 10s: faults, holds, losses, refusals and
@@ -423,8 +495,9 @@ func (r *run) progress(ctx context.Context) {
 		_, nf := r.faults.snapshot()
 		fe, ov := CheckFencing(s), CheckOverlap(s)
 		lb, _ := CheckLoss(s, lossBounds)
-		r.logf("faults %d, holds %d, losses %d, fencing refusals %d; violations so far: fencing %d, overlap %d, loss-bound %d",
-			nf, len(s.Holds), lost, r.res.Refused(), fe.Count, ov.Count, lb.Count)
+		rw, mk, to := CheckRW(s), CheckMulti(s), CheckTokenOrder(s)
+		r.logf("faults %d, holds %d, losses %d, fencing refusals %d; violations so far: fencing %d, overlap %d, loss-bound %d, rw-exclusion %d, multi-atomic %d, token-order %d",
+			nf, len(s.Holds), lost, r.res.Refused(), fe.Count, ov.Count, lb.Count, rw.Count, mk.Count, to.Count)
 	}
 }
 
@@ -532,7 +605,7 @@ func (r *run) leftovers(ctx context.Context, before map[string]bool) Leftovers {
 // expiring reports whether l has something that may still go away by
 // itself: a session, or a key held by one.
 // resting reports whether a key left by the run is the resting state of
-// Consul's recipes rather than a leak: a released lock key (api.Lock
+// Consul's recipes (or the broker's read-write lock) rather than a leak: a released lock key (api.Lock
 // leaves it, with its last value, for observers and the next holder) and a
 // semaphore's `.lock` (api.Semaphore keeps it between holders). Held keys,
 // contender entries (they belong to a session, dead or alive) and anything
@@ -542,7 +615,9 @@ func resting(p *api.KVPair) bool {
 	if p.Session != "" {
 		return false
 	}
-	return p.Flags == lockFlags || (p.Flags == semFlags && strings.HasSuffix(p.Key, "/.lock"))
+	// A read-write lock's state key and its `.lock` marker stay too (its
+	// contender entries, other flags, are leaks).
+	return p.Flags == lockFlags || (p.Flags == semFlags && strings.HasSuffix(p.Key, "/.lock")) || p.Flags == broker.RWLockFlagValue
 }
 
 func expiring(l Leftovers) bool {

@@ -31,5 +31,8 @@ func TestWriteSeedCorpus(t *testing.T) {
 	for i, body := range semaphoreSeeds {
 		write("FuzzSemaphoreLock", fmt.Sprintf("seed-%02d", i), fmt.Sprintf("[]byte(%q)\nbool(%v)\n", body, i%7 != 6))
 	}
+	for i, s := range acquireSeeds {
+		write("FuzzAcquireKinds", fmt.Sprintf("seed-%02d", i), fmt.Sprintf("byte(%q)\nuint32(%d)\nbyte(%q)\n[]byte(%q)\n", rune(s.kind), s.limit, rune(s.key), s.keys))
+	}
 	write("FuzzHoldStateMachine", "seed-00", fmt.Sprintf("[]byte(%q)\n", []byte{0, 1, 2, 3}))
 }

@@ -43,7 +43,7 @@ func run() int {
 	var (
 		profile   = flag.String("profile", env("CHAOS_PROFILE", "short"), "short (≤3 min, with -race) or full (~20 min) (env CHAOS_PROFILE)")
 		seedStr   = flag.String("seed", env("SEED", ""), "schedule seed; empty picks one and prints it (env SEED)")
-		mutant    = flag.String("mutant", env("MUTANT", ""), "run one mutant: no-loss-notice, no-fencing, no-resume-fence, no-shared-queue (env MUTANT); the run must fail")
+		mutant    = flag.String("mutant", env("MUTANT", ""), "run one mutant: no-loss-notice, no-fencing, no-resume-fence, no-shared-queue, rw-reader-beside-writer, rw-stale-token, multi-partial (env MUTANT); the run must fail")
 		mutants   = flag.Bool("mutants", false, "run the real build, then every mutant: fail if the real build fails or any mutant passes")
 		race      = flag.Bool("race", env("CHAOS_RACE", "1") != "0", "build the brokers with -race (env CHAOS_RACE=0 turns it off)")
 		out       = flag.String("out", env("CHAOS_OUT", ""), "directory for logs and reports (default: a new temporary directory) (env CHAOS_OUT)")
@@ -114,7 +114,8 @@ func run() int {
 
 	runs := []string{*mutant}
 	if *mutants {
-		runs = []string{"", "no-loss-notice", "no-fencing", "no-resume-fence", "no-shared-queue"}
+		runs = []string{"", "no-loss-notice", "no-fencing", "no-resume-fence", "no-shared-queue",
+			"rw-reader-beside-writer", "rw-stale-token", "multi-partial"}
 	}
 	bins := map[string]string{}
 	for _, m := range runs {
