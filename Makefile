@@ -138,7 +138,7 @@ test-node: consul broker deps-npm deps-node
 # (10,000 holds, 1,000 watchers on one replica): they print figures and
 # assert none.
 bench: consul
-	set -o pipefail; $(GO) test -count=1 -timeout 30m -run 'TestBenchTable|TestBenchQueue|TestBenchLossNotice|TestScale' -v ./test/bench/ -args -table -queue -loss -scale \
+	set -o pipefail; $(GO) test -count=1 -timeout 30m -run 'TestBenchTable|TestBenchQueue|TestBenchRWMulti|TestBenchLossNotice|TestScale' -v ./test/bench/ -args -table -queue -rwmulti -loss -scale \
 		| grep -E '^(#|\||SCALE|ok|FAIL|--- |panic)|^    [a-z_]+_test\.go:'
 
 # A CPU profile of the uncontended cycle (broker side, in process).
