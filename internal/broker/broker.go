@@ -305,7 +305,7 @@ func (b *Broker) deleteRecords(ctx context.Context, st Store, ops []Op) {
 func (b *Broker) cleanSemaphore(ctx context.Context, key, session string) {
 	for attempt := range 5 {
 		st, err := b.readState(ctx, key)
-		if err != nil || st.Kind != KindSemaphore {
+		if err != nil || (st.Kind != KindSemaphore && st.Kind != KindRWLock) {
 			return
 		}
 		ops, _, err := leaveOps(st, session)

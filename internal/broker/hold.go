@@ -69,6 +69,9 @@ type hold struct {
 	// value is the holder's value as last seen in Consul (SetValue may
 	// change it); an unlock writes it back unchanged.
 	value []byte
+	// early is a read-write grant made with the contender's entry, not
+	// yet returned (rwlock.go).
+	early *Sequencer
 }
 
 // Acquire runs one hold: it waits for the key, reports the grant, keeps the
@@ -191,7 +194,7 @@ func (h *hold) close() {
 var testHookGranted = func(key string) {}
 
 func (b *Broker) newHold(ctx context.Context, spec AcquireSpec, send func(Event) error) *hold {
-	sem := spec.Semaphore || spec.Limit > 1
+	sem := spec.Semaphore || spec.Limit > 1 || spec.Mode != ModeNone // a read-write lock runs the semaphore's path
 	tenant := TenantFrom(ctx)
 	return &hold{b: b, st: b.storeFor(tenant), tenant: tenant, since: time.Now(), spec: spec, send: send,
 		life: NewLifecycle(), sem: sem, limit: max(spec.Limit, 1), value: spec.Value, owner: b.id}

@@ -120,6 +120,8 @@ func (h *hold) lockGrantOps() (ops []Op, next *record) {
 // lockConflict says why st cannot be locked.
 func lockConflict(st *State) error {
 	switch {
+	case st.Kind == KindRWLock:
+		return rwKindConflict(st, "a lock")
 	case st.Kind == KindForeign:
 		return newError(ErrConflict, ReasonForeignFlags, "key %q holds flags %#x, not a lock's (%#x)", st.Key, st.lock.Flags, LockFlagValue).withState(st)
 	case st.Kind == KindSemaphore:

@@ -99,8 +99,8 @@ func (b *Broker) GetLock(ctx context.Context, key string) (*State, error) {
 func current(st *State, rec *record, seq Sequencer) (bool, string) {
 	hd, ok := st.holder(seq.Session)
 	switch {
-	case st.Kind != KindLock && st.Kind != KindSemaphore:
-		return false, fmt.Sprintf("key %q holds no lock or semaphore", st.Key)
+	case st.Kind != KindLock && st.Kind != KindSemaphore && st.Kind != KindRWLock:
+		return false, fmt.Sprintf("key %q holds no lock, semaphore or read-write lock", st.Key)
 	case !ok:
 		return false, fmt.Sprintf("session %s does not hold key %q", seq.Session, st.Key)
 	case hd.LockIndex != seq.LockIndex:
@@ -116,6 +116,9 @@ func current(st *State, rec *record, seq Sequencer) (bool, string) {
 	// indexes bound it.
 	if st.Kind == KindLock && (seq.Token < st.lock.CreateIndex || seq.Token > st.lock.ModifyIndex) {
 		return false, fmt.Sprintf("token %d is not the grant of key %q", seq.Token, st.Key)
+	}
+	if st.Kind == KindRWLock && (seq.Token < hd.CreateIndex || seq.Token > st.lock.ModifyIndex) {
+		return false, fmt.Sprintf("token %d is not the grant of read-write lock %q", seq.Token, st.Key)
 	}
 	if st.Kind == KindSemaphore && (seq.Token < hd.CreateIndex || seq.Token > st.semLock.ModifyIndex) {
 		return false, fmt.Sprintf("token %d is not the grant of semaphore %q", seq.Token, st.Key)

@@ -247,7 +247,7 @@ func (b *Broker) remoteReleaseOps(ctx context.Context, st *State, rec *record, h
 	if rec.index != 0 && rec.live {
 		ops = rec.writeOps(rec.without(st.Key))
 	}
-	if st.Kind == KindSemaphore {
+	if st.Kind == KindSemaphore || st.Kind == KindRWLock {
 		leave, _, err := leaveOps(st, session)
 		if err != nil {
 			return nil, err

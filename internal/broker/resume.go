@@ -66,6 +66,9 @@ func (h *hold) resumable(ctx context.Context, st *State, rec *record) error {
 		_, err := h.waitPlace(st, rec)
 		return err
 	}
+	if err := rwResumeConflict(st, h.spec.Mode, *h.spec.Resume); err != nil {
+		return err
+	}
 	return resumable(st, rec, *h.spec.Resume, h.sem, h.limit)
 }
 
@@ -85,7 +88,7 @@ func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 			return nil, err
 		}
 		target := seq.Key
-		if st.Kind == KindSemaphore {
+		if st.Kind == KindSemaphore || st.Kind == KindRWLock {
 			target = contenderKey(seq.Key, seq.Session)
 		}
 		e := st.entry(target)
@@ -99,6 +102,9 @@ func (h *hold) resume(ctx context.Context) (*Sequencer, error) {
 		h.mu.Unlock()
 		out := seq
 		out.Kind = st.Kind
+		if hd, ok := st.holder(seq.Session); ok {
+			out.Read = hd.Read
+		}
 		out.Token = rec.token(seq.Key)
 		return &out, nil
 	}

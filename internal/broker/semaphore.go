@@ -55,6 +55,8 @@ func withContender(st *State, session string, e *Entry) *State {
 // semaphoreConflict says why st cannot be used as a semaphore with limit.
 func semaphoreConflict(st *State, limit uint32) error {
 	switch {
+	case st.Kind == KindRWLock:
+		return rwKindConflict(st, "a semaphore")
 	case st.lock != nil && st.lock.Flags == LockFlagValue:
 		return newError(ErrConflict, ReasonLimitConflict, "%q is a lock key; acquire it as a lock", st.Key).withState(st)
 	case st.lock != nil:
@@ -75,6 +77,9 @@ func semaphoreConflict(st *State, limit uint32) error {
 // error. The admitting check-and-set of `.lock` and the session's record
 // are one transaction: the token is its Raft index.
 func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequencer, error) {
+	if h.isRW() {
+		return h.tryRW(ctx, st, fresh)
+	}
 	prefix := h.spec.Key
 	if err := semaphoreConflict(st, h.limit); err != nil {
 		return nil, err
@@ -174,6 +179,9 @@ func waitRank(st *State, holders map[string]bool, session string) int {
 
 // semaphoreLoss says whether st shows the semaphore hold seq lost.
 func semaphoreLoss(st *State, seq Sequencer, limit uint32) (lost bool, reason LostReason, detail string) {
+	if seq.Kind == KindRWLock {
+		return rwLoss(st, seq)
+	}
 	if st.Kind != KindSemaphore || st.semErr != nil || (st.sem != nil && uint32(st.sem.Limit) != limit) {
 		return true, LostLimitConflict, fmt.Sprintf("the semaphore's .lock no longer agrees with limit %d", limit)
 	}
@@ -212,6 +220,9 @@ func deadContenderOps(st *State, session string) []Op {
 // by check-and-set, and its contender entry), or nil when it is in
 // neither.
 func leaveOps(st *State, session string) ([]Op, bool, error) {
+	if st.Kind == KindRWLock {
+		return rwLeaveOps(st, session)
+	}
 	var ops []Op
 	held := st.sem != nil && st.sem.Holders[session]
 	if held {

@@ -37,6 +37,10 @@ func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte
 		if st.Kind == KindSemaphore {
 			target, flags = contenderKey(key, session), SemaphoreFlagValue
 		}
+		if st.Kind == KindRWLock {
+			target, flags = contenderKey(key, session), st.child(session).Flags
+			seq.Read = hd.Read
+		}
 		// Still held by the session; with a token, by this very grant
 		// (its entry unchanged since the read). The record is as read
 		// too: readHold reads it at the same time as the state, so it may

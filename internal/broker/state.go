@@ -59,6 +59,10 @@ type State struct {
 	sem     *semBody
 	// semErr says why a `.lock` body could not be used.
 	semErr error
+	// rw is a read-write lock's decoded state and rwErr why it could not
+	// be used (rwlock.go).
+	rw    *rwBody
+	rwErr error
 	// contenders are the live semaphore contender entries, by session;
 	// children every direct child entry, by name.
 	contenders map[string]*Entry
@@ -117,6 +121,10 @@ func deriveState(key string, entries []*Entry, index uint64) *State {
 		if e.Flags == SemaphoreFlagValue && e.Session == name {
 			st.contenders[name] = e
 		}
+	}
+	if st.isRWState() {
+		st.deriveRW()
+		return st
 	}
 	if st.semLock != nil && st.semLock.Flags == SemaphoreFlagValue {
 		st.deriveSemaphore()
@@ -216,7 +224,7 @@ func subStates(prefix string, entries []*Entry, index uint64) map[string]*State 
 			continue
 		}
 		switch {
-		case e.Flags == LockFlagValue:
+		case e.Flags == LockFlagValue, e.Flags == RWLockFlagValue && !strings.HasSuffix(e.Key, semLockSuffix):
 			keys[e.Key] = true
 		case e.Flags == SemaphoreFlagValue && strings.HasSuffix(e.Key, semLockSuffix):
 			keys[strings.TrimSuffix(e.Key, semLockSuffix)] = true

@@ -115,6 +115,9 @@ type HoldInfo struct {
 	// Position is a waiter's place in the key's shared queue (1: next),
 	// 0 when it has none yet.
 	Position int
+	// Read: a read-write lock's reader (false: its writer, or not a
+	// read-write lock).
+	Read bool
 }
 
 // CountClientHolds counts the holds of tenant's client-owned sessions (made
@@ -179,7 +182,8 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 		}
 	}
 	b.mu.Unlock()
-	waiters, err := b.listQueues(ctx, queues, tenants)
+	reads := map[string]bool{}
+	waiters, err := b.listQueues(ctx, queues, tenants, reads)
 	if err != nil {
 		return nil, err
 	}
@@ -201,6 +205,9 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 		}
 	}
 	out = append(out, waiters...)
+	for i := range out {
+		out[i].Read = reads[out[i].Key+"\x00"+out[i].Session]
+	}
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i], out[j]
 		switch {
@@ -220,7 +227,7 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 // keys (at most maxListedQueues of them, read consistently), in queue
 // order: a lock's live tickets, a semaphore's live contenders that hold
 // no slot.
-func (b *Broker) listQueues(ctx context.Context, keys map[string]bool, tenants map[string]string) ([]HoldInfo, error) {
+func (b *Broker) listQueues(ctx context.Context, keys map[string]bool, tenants map[string]string, reads map[string]bool) ([]HoldInfo, error) {
 	var out []HoldInfo
 	n := 0
 	for key := range keys {
@@ -232,7 +239,8 @@ func (b *Broker) listQueues(ctx context.Context, keys map[string]bool, tenants m
 		if err != nil {
 			return nil, err
 		}
-		if st.Kind == KindSemaphore {
+		rwReads(st, reads)
+		if st.Kind == KindSemaphore || st.Kind == KindRWLock {
 			var ws []*Entry
 			for sid, c := range st.contenders {
 				if _, holds := st.holder(sid); !holds {
@@ -289,6 +297,9 @@ func (b *Broker) ForceRelease(ctx context.Context, key string) (int, error) {
 // semaphore's `.lock` loses every holder (one check-and-set) and their
 // contender entries are deleted.
 func forceOps(st *State) ([]Op, error) {
+	if st.Kind == KindRWLock {
+		return rwForceOps(st)
+	}
 	if st.Kind != KindSemaphore {
 		var ops []Op
 		for _, hd := range st.Holders {

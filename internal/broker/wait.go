@@ -248,6 +248,9 @@ var testHookLeaving = func(key string, granted bool) {}
 // semaphore reads the key consistently and enters this session's
 // contender entry first.
 func (h *hold) first(ctx context.Context) (*State, error) {
+	if h.isRW() {
+		return h.firstRW(ctx)
+	}
 	if !h.sem {
 		st, _ := h.sub.state()
 		if st == nil {
@@ -408,6 +411,9 @@ func (w *waiter) turn(st *State) bool {
 	if _, ok := st.holder(h.session); ok {
 		return true
 	}
+	if h.isRW() {
+		return h.rwTurn(st)
+	}
 	if h.sem {
 		// The shared order (the contender entries' CreateIndex) decides,
 		// as the attempt does (trySemaphore): a local order that
@@ -466,6 +472,9 @@ func (s *sub) courtesyLeft() time.Duration {
 
 // conflict says why st cannot be held the way this request asks.
 func (h *hold) conflict(st *State) error {
+	if h.isRW() {
+		return rwConflict(st)
+	}
 	if h.sem {
 		return semaphoreConflict(st, h.limit)
 	}

@@ -52,6 +52,7 @@ func (s *AdminService) ListHolds(ctx context.Context, req *lockbrokerv1.ListHold
 			Replica:     h.Replica,
 			Waiting:     h.Waiting,
 			Position:    uint32(max(h.Position, 0)),
+			Read:        h.Read,
 		}
 		if !h.Since.IsZero() {
 			hi.Since = timestamppb.New(h.Since)

@@ -157,9 +157,14 @@ func acquireSpec(key string, value []byte, limit uint32, kind lockbrokerv1.Acqui
 	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_SEMAPHORE:
 		spec.Semaphore = true
 	case lockbrokerv1.AcquireKind_ACQUIRE_KIND_READ, lockbrokerv1.AcquireKind_ACQUIRE_KIND_WRITE:
-		// Declared in the proto; the broker does not serve them yet.
-		return spec, &broker.Error{Kind: broker.ErrInvalid, Reason: broker.ReasonInvalidArgument, Field: "kind",
-			Msg: fmt.Sprintf("kind: %s is not served by this broker yet", kind)}
+		if limit > 1 {
+			return spec, &broker.Error{Kind: broker.ErrInvalid, Reason: broker.ReasonInvalidArgument, Field: "limit",
+				Msg: fmt.Sprintf("limit: must be 0 or 1 with kind %s, got %d", kind, limit)}
+		}
+		spec.Mode = broker.ModeWrite
+		if kind == lockbrokerv1.AcquireKind_ACQUIRE_KIND_READ {
+			spec.Mode = broker.ModeRead
+		}
 	}
 	return spec, nil
 }

@@ -1,0 +1,548 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Read-write locks (docs/consul-layout.md). A read-write lock at K is a
+// semaphore whose grant rule differs, and an RW hold runs the semaphore's
+// path (hold.sem) with these functions in place of the semaphore's:
+//
+//   - K itself is the state, flags RWLockFlagValue, value
+//     {"Holders":{"<session>":"r"|"w"}}. Every grant and every contender's
+//     arrival writes K by check-and-set, so a grant's check-and-set proves
+//     that no contender arrived unseen, and K's ModifyIndex after a grant
+//     is the grant's token: tokens strictly increase, and a writer's is
+//     above every token granted before it.
+//   - K/.lock is a marker with the same flags, so that api.Semaphore on
+//     the prefix K refuses it (ErrSemaphoreConflict); api.Lock on K
+//     refuses K's flags (ErrLockConflict).
+//   - K/<session> is each reader's or writer's contender entry, acquired
+//     by its session, flags RWReadFlagValue or RWWriteFlagValue, with the
+//     holder's value. Its CreateIndex is its place in the queue. An entry
+//     its session no longer holds is dead: skipped, and deleted by the
+//     next write.
+//
+// The grant rule, on the live contenders ordered by CreateIndex: a writer
+// is granted when nobody holds the lock and nobody is ahead of it; a
+// reader when no writer holds it and everyone ahead of it is a reader
+// (holding or not). So readers that arrive together share, a reader
+// behind a waiting writer waits for that writer, and neither starves.
+
+// The read-write lock's flag values (ASCII "lbrwloc", "lbrwrea",
+// "lbrwwri"): distinct from api.Lock's, api.Semaphore's and the queue's.
+const (
+	RWLockFlagValue  uint64 = 0x006c6272776c6f63
+	RWReadFlagValue  uint64 = 0x006c627277726561
+	RWWriteFlagValue uint64 = 0x006c627277777269
+)
+
+// rwBody is the JSON value of a read-write lock's key: each holder's
+// session and mode ("r" or "w").
+type rwBody struct {
+	Holders map[string]string `json:"Holders"`
+}
+
+func rwContenderFlags(f uint64) bool { return f == RWReadFlagValue || f == RWWriteFlagValue }
+
+// isRW: the hold is a read-write lock's (it runs the semaphore's path).
+func (h *hold) isRW() bool { return h.spec.Mode != ModeNone }
+
+func (h *hold) rwFlags() uint64 {
+	if h.spec.Mode == ModeRead {
+		return RWReadFlagValue
+	}
+	return RWWriteFlagValue
+}
+
+// isRWState: K carries the read-write flags, or K is gone and its marker
+// is left (the state was deleted by someone: there is no holder).
+func (st *State) isRWState() bool {
+	return (st.lock != nil && st.lock.Flags == RWLockFlagValue) ||
+		(st.lock == nil && st.semLock != nil && st.semLock.Flags == RWLockFlagValue)
+}
+
+// deriveRW fills a read-write lock's holders: the sessions K's body lists
+// that still hold their contender entry.
+func (st *State) deriveRW() {
+	st.Kind = KindRWLock
+	st.contenders = make(map[string]*Entry)
+	for name, e := range st.children {
+		if rwContenderFlags(e.Flags) && e.Session == name {
+			st.contenders[name] = e
+		}
+	}
+	body := rwBody{Holders: map[string]string{}}
+	if st.lock != nil && len(st.lock.Value) > 0 {
+		if err := json.Unmarshal(st.lock.Value, &body); err != nil {
+			st.rwErr = fmt.Errorf("%w: read-write lock %q has a malformed state: %v", ErrConflict, st.Key, err)
+			return
+		}
+		if body.Holders == nil {
+			body.Holders = map[string]string{}
+		}
+	}
+	st.rw = &body
+	for sid, m := range body.Holders {
+		if c, ok := st.contenders[sid]; ok {
+			st.Holders = append(st.Holders, Holder{Session: sid, Value: c.Value, LockIndex: c.LockIndex, CreateIndex: c.CreateIndex, Read: m == "r"})
+		}
+	}
+	sort.Slice(st.Holders, func(i, j int) bool { return st.Holders[i].CreateIndex < st.Holders[j].CreateIndex })
+	st.Waiting = len(st.contenders) - len(st.Holders)
+}
+
+// kindName names st's kind for a conflict message.
+func kindName(st *State) string {
+	switch st.Kind {
+	case KindLock:
+		return "a lock"
+	case KindSemaphore:
+		return fmt.Sprintf("a semaphore (limit %d)", st.Limit)
+	case KindRWLock:
+		return "a read-write lock"
+	case KindForeign:
+		return fmt.Sprintf("a key with foreign flags %#x", st.lock.Flags)
+	}
+	return "nothing"
+}
+
+// rwConflict says why st cannot be used as a read-write lock.
+func rwConflict(st *State) error {
+	switch {
+	case st.Kind == KindLock, st.Kind == KindSemaphore:
+		return newError(ErrConflict, ReasonLimitConflict, "key %q is %s, not a read-write lock; acquire it as such", st.Key, kindName(st)).withState(st)
+	case st.Kind == KindForeign:
+		return newError(ErrConflict, ReasonForeignFlags, "key %q holds flags %#x, not a read-write lock's (%#x)", st.Key, st.lock.Flags, RWLockFlagValue).withState(st)
+	case st.Kind == KindRWLock && st.rwErr != nil:
+		return newError(ErrConflict, ReasonForeignFlags, "%v", st.rwErr).withState(st)
+	case st.Kind == KindRWLock && st.semLock != nil && st.semLock.Flags != RWLockFlagValue:
+		return newError(ErrConflict, ReasonForeignFlags, "key %q has a %q entry with flags %#x, not a read-write lock's", st.Key, st.semLock.Key, st.semLock.Flags).withState(st)
+	case st.Kind == KindNone && st.semLock != nil:
+		return newError(ErrConflict, ReasonForeignFlags, "key %q has a %q entry with flags %#x, not a read-write lock's", st.Key, st.semLock.Key, st.semLock.Flags).withState(st)
+	}
+	return nil
+}
+
+// rwKindConflict is the refusal of a lock or semaphore request on a
+// read-write lock's key (nil when st is not one).
+func rwKindConflict(st *State, asked string) error {
+	if st.Kind != KindRWLock {
+		return nil
+	}
+	return newError(ErrConflict, ReasonLimitConflict, "key %q is a read-write lock; acquire it with kind READ or WRITE, not as %s", st.Key, asked).withState(st)
+}
+
+// rwAhead lists the live contenders ahead of session (lower CreateIndex,
+// then session id), oldest first; all of them when session is none.
+func rwAhead(st *State, session string, me *Entry) []*Entry {
+	var out []*Entry
+	for sid, c := range st.contenders {
+		if sid == session {
+			continue
+		}
+		if me == nil || c.CreateIndex < me.CreateIndex || (c.CreateIndex == me.CreateIndex && sid < session) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// rwGrantable applies the grant rule to the contender me of session on st
+// (me nil: a newcomer, behind every contender st lists).
+func rwGrantable(st *State, session string, write bool, me *Entry) bool {
+	if write {
+		if len(st.Holders) > 0 {
+			return false
+		}
+		return len(rwAhead(st, session, me)) == 0
+	}
+	for _, hd := range st.Holders {
+		if !hd.Read {
+			return false
+		}
+	}
+	for _, c := range rwAhead(st, session, me) {
+		if c.Flags != RWReadFlagValue {
+			return false
+		}
+	}
+	return true
+}
+
+// rwBodyWith is st's body with only its live holders, plus session in
+// mode when mode is not empty, minus drop.
+func rwBodyWith(st *State, session, mode, drop string) ([]byte, error) {
+	b := rwBody{Holders: map[string]string{}}
+	for _, hd := range st.Holders {
+		if hd.Session == drop {
+			continue
+		}
+		m := "w"
+		if hd.Read {
+			m = "r"
+		}
+		b.Holders[hd.Session] = m
+	}
+	if mode != "" {
+		b.Holders[session] = mode
+	}
+	return json.Marshal(b)
+}
+
+// rwStateOps write K's new body by check-and-set on st (creating K, and
+// its marker, when st shows them absent).
+func rwStateOps(st *State, body []byte) []Op {
+	key := st.Key
+	var ops []Op
+	if st.lock == nil {
+		ops = append(ops, Op{Verb: OpCAS, Key: key, Value: body, Flags: RWLockFlagValue, Index: 0})
+	} else {
+		ops = append(ops, Op{Verb: OpCAS, Key: key, Value: body, Flags: RWLockFlagValue, Index: st.lock.ModifyIndex})
+	}
+	if st.semLock == nil {
+		ops = append(ops, Op{Verb: OpCAS, Key: key + semLockSuffix, Value: []byte(`{"ReadWrite":true}`), Flags: RWLockFlagValue, Index: 0})
+	} else {
+		ops = append(ops, Op{Verb: OpCheckIndex, Key: key + semLockSuffix, Index: st.semLock.ModifyIndex})
+	}
+	return ops
+}
+
+// rwDeadOps delete contender entries (the read-write lock's, or an
+// api.Semaphore's left by a refused attempt) whose session ended, except
+// session's own.
+func rwDeadOps(st *State, session string) []Op {
+	var ops []Op
+	for name, c := range st.children {
+		if len(ops) == maxDeadCleanup {
+			break
+		}
+		if name != session && c.Session == "" && (rwContenderFlags(c.Flags) || c.Flags == SemaphoreFlagValue) && c.Key != st.Key+semLockSuffix {
+			ops = append(ops, Op{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex})
+		}
+	}
+	return ops
+}
+
+func (h *hold) rwMode() string {
+	if h.spec.Mode == ModeRead {
+		return "r"
+	}
+	return "w"
+}
+
+// firstRW enters the hold's contender entry, on the shared watch's state
+// when it has one (its check-and-set of K makes a stale one cost a failed
+// transaction and a read, never a wrong grant). When the rule grants it
+// at once, the same transaction is the grant (h.early): an uncontended
+// read or write costs one transaction. A try-once request on a state that
+// does not grant it writes nothing.
+func (h *hold) firstRW(ctx context.Context) (*State, error) {
+	st, _ := h.sub.state()
+	fresh := false
+	if st == nil {
+		st = &State{Key: h.spec.Key, Kind: KindNone} // not read yet: assume absent
+	}
+	write := h.spec.Mode == ModeWrite
+	for attempt := 0; ; attempt++ {
+		conflict := rwConflict(st)
+		_, holds := st.holder(h.session)
+		busy := !rwGrantable(st, h.session, write, nil)
+		switch {
+		case conflict != nil && fresh:
+			return nil, conflict
+		case conflict != nil, holds && !fresh, busy && h.tryOnce() && !fresh:
+			// Only a fresh read decides these.
+		case holds:
+			return st, nil // already a holder (a client-owned session)
+		case busy && h.tryOnce():
+			h.b.fillTokens(ctx, st)
+			return nil, holdersError(ErrBusy, ReasonLockHeld, st)
+		default:
+			next, err := h.enterRW(ctx, st)
+			if err == nil {
+				return next, nil
+			}
+			if err != errRace {
+				return nil, err
+			}
+		}
+		if attempt >= maxRaces {
+			e := newError(ErrUnavailable, ReasonConsulUnavailable, "key %q changed under %d attempts in a row; retry later", h.spec.Key, maxRaces)
+			e.RetryAfter = time.Second
+			return nil, e
+		}
+		if attempt > 0 {
+			backoff(ctx, attempt)
+		}
+		var err error
+		if st, err = h.b.readState(ctx, h.spec.Key); err != nil {
+			return nil, err
+		}
+		fresh = true
+	}
+}
+
+// enterRW writes the hold's contender entry with a check-and-set of K,
+// and, when the rule grants it on st, the grant too (h.early). An entry
+// the session already has (a client-owned session coming back) is
+// released and acquired again in the same transaction, which bumps its
+// LockIndex. errRace: st is not the key's state any more.
+func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
+	key := h.spec.Key
+	ck := contenderKey(key, h.session)
+	grant := rwGrantable(st, h.session, h.spec.Mode == ModeWrite, nil)
+	mode := ""
+	if grant {
+		mode = h.rwMode()
+	}
+	body, err := rwBodyWith(st, h.session, mode, "")
+	if err != nil {
+		return nil, err
+	}
+	ops := rwStateOps(st, body)
+	casAt := 0
+	if c := st.child(h.session); c != nil {
+		if !rwContenderFlags(c.Flags) || (c.Session != "" && c.Session != h.session) {
+			return nil, newError(ErrConflict, ReasonForeignFlags, "contender entry %q exists and is not this session's (flags %#x)", ck, c.Flags)
+		}
+		if c.Session == h.session {
+			ops = append(ops, Op{Verb: OpUnlock, Key: ck, Flags: c.Flags, Session: h.session})
+		}
+	}
+	entryAt := len(ops)
+	ops = append(ops, Op{Verb: OpLock, Key: ck, Value: h.spec.Value, Flags: h.rwFlags(), Session: h.session})
+	ops = append(ops, rwDeadOps(st, h.session)...)
+	recAt := -1
+	var next *record
+	if grant {
+		rec := h.record()
+		next = rec.with(key, false)
+		recAt = len(ops)
+		ops = append(ops, rec.writeOps(next)...)
+	}
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		h.unsure = h.unsure || (grant && ctx.Err() != nil)
+		if te := asTxnError(err); te != nil {
+			if te.Has(TxnSessionInvalid) {
+				if h.owned {
+					return nil, newError(ErrAborted, ReasonSessionLost, "the request's session %s was invalidated", h.session)
+				}
+				return nil, sessionError(ErrSessionNotFound, h.session)
+			}
+			if recAt >= 0 && te.Failed(recAt) {
+				if err := h.reloadRecord(ctx); err != nil {
+					return nil, err
+				}
+			}
+			return nil, errRace
+		}
+		return nil, err
+	}
+	k, e := res[casAt], res[entryAt]
+	if k == nil || e == nil {
+		return nil, fmt.Errorf("consul returned no entry for %q", key)
+	}
+	entries := make([]*Entry, 0, len(st.entries)+2)
+	for _, x := range st.entries {
+		if x.Key != e.Key && x.Key != k.Key && !(st.semLock == nil && x.Key == key+semLockSuffix) {
+			entries = append(entries, x)
+		}
+	}
+	entries = append(entries, k, e)
+	if st.semLock == nil && res[1] != nil {
+		entries = append(entries, res[1])
+	}
+	out := deriveState(key, under(key, entries), max(st.Index, k.ModifyIndex))
+	if grant {
+		next.index, next.live = k.ModifyIndex, true
+		h.setRecord(next)
+		h.mu.Lock()
+		h.early = &Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: k.ModifyIndex, Kind: KindRWLock, Read: h.spec.Mode == ModeRead}
+		h.mu.Unlock()
+	}
+	return out, nil
+}
+
+// takeEarly returns (once) the grant enterRW made.
+func (h *hold) takeEarly() *Sequencer {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	seq := h.early
+	h.early = nil
+	return seq
+}
+
+// tryRW makes one attempt to grant the hold on st (which must show its
+// contender entry), as trySemaphore does for a semaphore: the grant is a
+// check-and-set of K with the session's record, in one transaction; its
+// Raft index is the token.
+func (h *hold) tryRW(ctx context.Context, st *State, fresh bool) (*Sequencer, error) {
+	key := h.spec.Key
+	if seq := h.takeEarly(); seq != nil {
+		return seq, nil
+	}
+	if err := rwConflict(st); err != nil {
+		return nil, err
+	}
+	me, ok := st.contenders[h.session]
+	if !ok {
+		return nil, errNoContender
+	}
+	if hd, ok := st.holder(h.session); ok {
+		if !fresh {
+			return nil, errRace
+		}
+		if hd.Read != (h.spec.Mode == ModeRead) {
+			return nil, newError(ErrConflict, ReasonLimitConflict, "session %s holds %q in the other mode (read: %v); release it first", h.session, key, hd.Read).withState(st)
+		}
+		if err := h.ownGrant(ctx); err != nil {
+			return nil, err
+		}
+		return &Sequencer{Key: key, Session: h.session, LockIndex: me.LockIndex, Token: h.currentToken(st, hd), Kind: KindRWLock, Read: hd.Read}, nil
+	}
+	if me.Flags != h.rwFlags() {
+		return nil, newError(ErrConflict, ReasonLimitConflict, "session %s waits on %q in the other mode", h.session, key).withState(st)
+	}
+	if !rwGrantable(st, h.session, h.spec.Mode == ModeWrite, me) {
+		return nil, nil
+	}
+	body, err := rwBodyWith(st, h.session, h.rwMode(), "")
+	if err != nil {
+		return nil, err
+	}
+	ops := []Op{{Verb: OpCheckSession, Key: me.Key, Session: h.session}}
+	casAt := len(ops)
+	ops = append(ops, rwStateOps(st, body)...)
+	ops = append(ops, rwDeadOps(st, h.session)...)
+	rec := h.record()
+	next := rec.with(key, false)
+	recAt := len(ops)
+	ops = append(ops, rec.writeOps(next)...)
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		h.unsure = h.unsure || ctx.Err() != nil
+		return nil, h.txnFailure(ctx, err, recAt)
+	}
+	if res[casAt] == nil {
+		return nil, fmt.Errorf("consul returned no entry for %q", key)
+	}
+	next.index, next.live = res[casAt].ModifyIndex, true
+	h.setRecord(next)
+	return &Sequencer{Key: key, Session: h.session, LockIndex: me.LockIndex, Token: res[casAt].ModifyIndex, Kind: KindRWLock, Read: h.spec.Mode == ModeRead}, nil
+}
+
+// rwTurn says whether an RW waiter may attempt on st (see turn).
+func (h *hold) rwTurn(st *State) bool {
+	h.mu.Lock()
+	early := h.early != nil
+	h.mu.Unlock()
+	if early {
+		return true
+	}
+	me, ok := st.contenders[h.session]
+	if !ok {
+		return true // the attempt tells (errNoContender)
+	}
+	return rwGrantable(st, h.session, me.Flags == RWWriteFlagValue, me)
+}
+
+// rwLoss says whether st shows the read-write hold seq lost.
+func rwLoss(st *State, seq Sequencer) (lost bool, reason LostReason, detail string) {
+	switch {
+	case st.Kind != KindRWLock || st.rwErr != nil:
+		return true, LostLimitConflict, "the key is no longer a read-write lock's"
+	case st.lock == nil:
+		return true, LostDeletedByOther, "the read-write lock's state key was deleted"
+	}
+	c, ok := st.contenders[seq.Session]
+	if !ok || c.LockIndex != seq.LockIndex {
+		return true, LostDeletedByOther, "the contender entry was deleted or released"
+	}
+	if _, ok := st.holder(seq.Session); !ok {
+		return true, LostReleasedByOther, "this holder was removed from the read-write lock's holders"
+	}
+	return false, 0, ""
+}
+
+// rwLeaveOps removes session from the read-write lock in st: from K's
+// holders by check-and-set, and its contender entry (also an
+// api.Semaphore-flagged one a refused semaphore request left).
+func rwLeaveOps(st *State, session string) ([]Op, bool, error) {
+	var ops []Op
+	_, held := st.holder(session)
+	if st.rw != nil && st.rw.Holders[session] != "" && st.lock != nil {
+		body, err := rwBodyWith(st, "", "", session)
+		if err != nil {
+			return nil, false, err
+		}
+		ops = append(ops, Op{Verb: OpCAS, Key: st.Key, Value: body, Flags: RWLockFlagValue, Index: st.lock.ModifyIndex})
+	}
+	if c := st.child(session); c != nil && (rwContenderFlags(c.Flags) || c.Flags == SemaphoreFlagValue) && (c.Session == session || c.Session == "") {
+		ops = append(ops, Op{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex})
+	}
+	if len(ops) > 0 {
+		ops = append(ops, rwDeadOps(st, session)...)
+	}
+	return ops, held, nil
+}
+
+// rwForceOps end every hold of the read-write lock in st: K loses every
+// holder (one check-and-set) and their contender entries are deleted.
+func rwForceOps(st *State) ([]Op, error) {
+	body, err := json.Marshal(rwBody{Holders: map[string]string{}})
+	if err != nil {
+		return nil, err
+	}
+	if st.lock == nil {
+		return nil, nil
+	}
+	ops := []Op{{Verb: OpCAS, Key: st.Key, Value: body, Flags: RWLockFlagValue, Index: st.lock.ModifyIndex}}
+	for _, hd := range st.Holders {
+		if c := st.child(hd.Session); c != nil {
+			ops = append(ops, Op{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex})
+		}
+	}
+	return ops, nil
+}
+
+// rwResumeConflict refuses a resume whose kind does not fit st: a
+// read-write hold on another kind of key, a lock or semaphore on a
+// read-write lock, or a read resumed as a write (and the reverse).
+func rwResumeConflict(st *State, mode RWMode, seq Sequencer) error {
+	switch {
+	case mode == ModeNone && st.Kind == KindRWLock:
+		return rwKindConflict(st, "a lock or semaphore")
+	case mode == ModeNone:
+		return nil
+	case st.Kind == KindLock || st.Kind == KindSemaphore:
+		return rwConflict(st)
+	}
+	if hd, ok := st.holder(seq.Session); ok && hd.Read != (mode == ModeRead) {
+		return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume: session %s holds %q as a %s, not a %s", seq.Session, st.Key, modeWord(hd.Read), modeWord(mode == ModeRead)).withState(st)
+	}
+	return nil
+}
+
+func modeWord(read bool) string {
+	if read {
+		return "reader"
+	}
+	return "writer"
+}
+
+// rwReads maps "key\x00session" to whether that session reads (true) or
+// writes (false) the read-write lock at key, for the RW keys among sts.
+func rwReads(st *State, out map[string]bool) {
+	if st.Kind != KindRWLock {
+		return
+	}
+	for sid, c := range st.contenders {
+		out[st.Key+"\x00"+sid] = c.Flags == RWReadFlagValue
+	}
+}
