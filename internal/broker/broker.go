@@ -44,8 +44,9 @@ type Broker struct {
 	tenantStore func(tenant string) Store
 
 	mu      sync.Mutex
-	local   map[string]*hold   // granted holds, by key + "\x00" + session
-	waiting map[*hold]struct{} // holds waiting for their grant
+	local   map[string]*hold      // granted holds, by key + "\x00" + session
+	waiting map[*hold]struct{}    // holds waiting for their grant
+	multi   map[string]*multiHold // granted multi-key holds, by each key + "\x00" + session (multikey.go)
 
 	cacheMu sync.Mutex
 	grants  map[string]grantInfo // see fillTokens

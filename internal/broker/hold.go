@@ -89,6 +89,9 @@ type hold struct {
 // goes deeper (the Consul calls, sending) runs in calls that return:
 // begin, and the methods keep calls.
 func (b *Broker) Acquire(ctx context.Context, spec *AcquireSpec, send func(Event) error) error {
+	if len(spec.Keys) > 0 {
+		return b.acquireMulti(ctx, spec, send)
+	}
 	h, err := b.begin(ctx, spec, send)
 	if err != nil {
 		return err

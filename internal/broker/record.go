@@ -57,6 +57,9 @@ type record struct {
 	// Waiting is the lock key the session waits for with a ticket in its
 	// shared queue (ticket.go), for ListHolds; a grant clears it.
 	Waiting string `json:"waiting,omitempty"`
+	// Keys are the keys of a multi-key hold (AcquireSpec.Keys), `key`
+	// first: they are held, released and lost together (multikey.go).
+	Keys []string `json:"keys,omitempty"`
 
 	session string // the session id (from the key)
 	index   uint64 // the entry's ModifyIndex; 0 when there is no record

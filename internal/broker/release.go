@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -28,6 +29,11 @@ func (b *Broker) Release(ctx context.Context, key, session string, token uint64)
 }
 
 func (b *Broker) releaseAny(ctx context.Context, key, session string, token uint64) (bool, error) {
+	if m := b.lookupMulti(key, session); m != nil && (TenantFrom(ctx) == "" || m.h.tenant == TenantFrom(ctx)) {
+		if ok, err, done := m.release(ctx, key, token); done {
+			return ok, err
+		}
+	}
 	if h := b.lookup(key, session); h != nil && (TenantFrom(ctx) == "" || h.tenant == TenantFrom(ctx)) {
 		if ok, err, done := h.release(ctx, token); done {
 			return ok, err
@@ -203,6 +209,9 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 		}
 		if err := rec.tokenRequired(token); err != nil {
 			return false, err
+		}
+		if len(rec.Keys) > 1 && slices.Contains(rec.Keys, key) {
+			return b.releaseMultiRemote(ctx, rec, key, session, token)
 		}
 		hd, holds := st.holder(session)
 		if !holds {

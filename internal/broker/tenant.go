@@ -118,6 +118,24 @@ type HoldInfo struct {
 	// Read: a read-write lock's reader (false: its writer, or not a
 	// read-write lock).
 	Read bool
+	// WithKeys: a multi-key lock's other keys, held or waited for
+	// together with Key (nil otherwise).
+	WithKeys []string
+}
+
+// withKeys is keys without key when keys (a multi-key lock's) has more
+// than one, else nil.
+func withKeys(keys []string, key string) []string {
+	if len(keys) < 2 {
+		return nil
+	}
+	out := make([]string, 0, len(keys)-1)
+	for _, k := range keys {
+		if k != key {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // CountClientHolds counts the holds of tenant's client-owned sessions (made
@@ -165,7 +183,7 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 		for key := range rec.Holds {
 			if strings.HasPrefix(key, prefix) {
 				queues[key] = true
-				hi := HoldInfo{Tenant: rec.Tenant, Key: key, Session: rec.session, Token: rec.token(key), Replica: replicaOf(rec.Owner)}
+				hi := HoldInfo{Tenant: rec.Tenant, Key: key, Session: rec.session, Token: rec.token(key), Replica: replicaOf(rec.Owner), WithKeys: withKeys(rec.Keys, key)}
 				if ms := rec.Since[key]; ms > 0 {
 					hi.Since = time.UnixMilli(ms)
 				}
@@ -176,9 +194,12 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 	b.mu.Lock()
 	var local []HoldInfo
 	for h := range b.waiting {
-		if strings.HasPrefix(h.spec.Key, prefix) {
-			local = append(local, HoldInfo{Tenant: h.tenant, Key: h.spec.Key, Session: h.session, Since: h.since, Replica: b.id, Waiting: true})
-			queues[h.spec.Key] = true
+		keys := append([]string{h.spec.Key}, h.spec.Keys...) // a multi-key waiter waits for each
+		for _, k := range keys {
+			if strings.HasPrefix(k, prefix) {
+				local = append(local, HoldInfo{Tenant: h.tenant, Key: k, Session: h.session, Since: h.since, Replica: b.id, Waiting: true, WithKeys: withKeys(keys, k)})
+				queues[k] = true
+			}
 		}
 	}
 	b.mu.Unlock()
@@ -195,7 +216,7 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 	}
 	for i, w := range waiters {
 		if l := mine[w.Key+"\x00"+w.Session]; l != nil {
-			waiters[i].Since = l.Since
+			waiters[i].Since, waiters[i].WithKeys = l.Since, l.WithKeys
 			delete(mine, w.Key+"\x00"+w.Session)
 		}
 	}

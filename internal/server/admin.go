@@ -53,6 +53,7 @@ func (s *AdminService) ListHolds(ctx context.Context, req *lockbrokerv1.ListHold
 			Waiting:     h.Waiting,
 			Position:    uint32(max(h.Position, 0)),
 			Read:        h.Read,
+			WithKeys:    h.WithKeys,
 		}
 		if !h.Since.IsZero() {
 			hi.Since = timestamppb.New(h.Since)

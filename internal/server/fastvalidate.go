@@ -25,6 +25,9 @@ type violation struct{ field, message, rule string }
 func fastViolations(msg any) (vs []violation, ok bool) {
 	switch m := msg.(type) {
 	case *lockbrokerv1.AcquireRequest:
+		if len(m.GetKeys()) > 0 {
+			return nil, false // a multi-key lock: protovalidate checks `keys` (max_items, unique, each key)
+		}
 		vs = checkKey(vs, "", "key", m.GetKey())
 		vs = checkValue(vs, "value", m.GetValue())
 		vs = checkLimit(vs, m.GetLimit())

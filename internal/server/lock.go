@@ -47,15 +47,14 @@ func wholeHoldLoss(r broker.LostReason) bool {
 
 // acquireRequestSpec is what req asks the broker for.
 func acquireRequestSpec(req *lockbrokerv1.AcquireRequest) (*broker.AcquireSpec, error) {
+	if err := checkMultiKey(req); err != nil {
+		return nil, err
+	}
 	spec, err := acquireSpec(req.GetKey(), req.GetValue(), req.GetLimit(), req.GetKind())
 	if err != nil {
 		return nil, err
 	}
-	if len(req.GetKeys()) > 0 {
-		// Declared in the proto; the broker does not serve them yet.
-		return nil, &broker.Error{Kind: broker.ErrInvalid, Reason: broker.ReasonInvalidArgument, Field: "keys",
-			Msg: "keys: multi-key locks are not served by this broker yet"}
-	}
+	spec.Keys = req.GetKeys()
 	spec.WaitForever = req.WaitTimeout == nil
 	spec.Wait = req.GetWaitTimeout().AsDuration()
 	spec.NewSession = specFromProto(req.GetNewSession())

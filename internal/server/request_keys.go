@@ -25,6 +25,7 @@ func namedBy(req any) named {
 	switch r := req.(type) {
 	case *lockbrokerv1.AcquireRequest:
 		n := named{keys: []string{r.GetKey()}, session: r.GetSessionId(), covered: true}
+		n.keys = append(n.keys, r.GetKeys()...) // a multi-key lock: every key is checked
 		if res := r.GetResume(); res != nil {
 			n.keys = append(n.keys, res.GetKey())
 			n.session = res.GetSessionId()

@@ -242,6 +242,40 @@ func TestSharedService(t *testing.T) {
 		assert.Equal(t, sess0, sess1, "session index")
 	})
 
+	t.Run("multi-key lock: every key must be the tenant's, checked before any Consul call", func(t *testing.T) {
+		var raft0, raft1 uint64
+		for attempt := range 3 { // a Raft write of Consul's own may land in between: try again
+			raft0, _, _ = s.indexes(t)
+			_, _, err := acquire(t, ctx, payments, &lockbrokerv1.AcquireRequest{Key: "payments/m1", Keys: []string{"payments/m2", "orders/x", "payments/m3"}})
+			requireStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED")
+			assert.Equal(t, "orders/x", errorInfo(err).GetMetadata()["key"], "the refused key is named")
+			assert.Contains(t, status.Convert(err).Message(), `"orders/x"`)
+			raft1, _, _ = s.indexes(t)
+			if raft1 == raft0 {
+				break
+			}
+			t.Logf("attempt %d: raft index moved %d -> %d", attempt, raft0, raft1)
+		}
+		assert.Equal(t, raft0, raft1, "raft index")
+		// Its own keys, with its own Consul token: granted, and released
+		// through any key.
+		st, ev, err := acquire(t, ctx, payments, &lockbrokerv1.AcquireRequest{Key: "payments/m1", Keys: []string{"payments/m2", "payments/m3"}})
+		require.NoError(t, err)
+		a := ev.GetAcquired()
+		require.NotNil(t, a, "%v", ev)
+		require.Len(t, a.GetSequencers(), 3)
+		s2 := a.GetSequencers()[1]
+		_, err = pl.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: s2.GetKey(), SessionId: s2.GetSessionId(), Token: s2.GetToken()})
+		require.NoError(t, err)
+		ev, err = st.Recv()
+		require.NoError(t, err)
+		require.Len(t, ev.GetReleased().GetSequencers(), 3, "%v", ev)
+		// Another tenant cannot release it through a key of its own prefix
+		// either: the keys are not its.
+		_, err = ol.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: "payments/m1", SessionId: s2.GetSessionId(), Token: s2.GetToken()})
+		requireStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED")
+	})
+
 	t.Run("no client certificate: the handshake is refused", func(t *testing.T) {
 		conn := dial(t, s.broker.Addr, s.caFile, nil, "")
 		_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})

@@ -1,0 +1,681 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// A multi-key lock (AcquireSpec.Keys) takes every one of its keys in one
+// Consul transaction, with one session, or none (docs/consul-layout.md):
+//
+//   - a newcomer may take them all at once only when every key is free
+//     and has no live ticket in its shared queue (ticket.go): one lock op
+//     and one check of the queue's guard per key (2N ops);
+//   - otherwise it queues in every key's shared queue at once: one
+//     transaction acquires its ticket K/.queue/<session> in each key's
+//     queue and writes each guard by check-and-set (2N ops), so all its
+//     tickets share one CreateIndex. That one place orders it against
+//     every other request on any of its keys: a total order, so two
+//     multi-key requests never wait for each other (no deadlock), and a
+//     single-key waiter that comes later queues behind it on that key
+//     (no starvation);
+//   - it is granted when it heads every key's queue (no live ticket ahead
+//     of its own) and every key is free: one transaction of N lock ops,
+//     with the session's record and the removal of its tickets as far as
+//     they fit in Consul's 128 operations; what does not fit follows in a
+//     second transaction (tickets of a held key block nobody: the key is
+//     held anyway).
+//
+// The hold watches every key; the loss of any ends the whole hold, and
+// one transaction unlocks the others. A release unlocks every key in one
+// transaction, with the record. A single-key hand-off (handoff.go) never
+// goes to a multi-key waiter: it does not offer a hand-off slot.
+
+// multiHold is one multi-key Acquire. The hold h carries what a hold of
+// one key carries (session, renewer, lifecycle, record); h.spec.Key is
+// the first key.
+type multiHold struct {
+	h    *hold
+	keys []string // every key, the request's order: h.spec.Key first
+
+	subs    []*sub
+	changed chan struct{} // a key's watch published (see forward)
+	stop    chan struct{}
+	fwd     sync.WaitGroup
+
+	// tickets: the CreateIndex of the request's ticket in each key's
+	// queue (0 without); ahead: the live tickets ahead of it, by key, as
+	// far as this replica knows (they only ever leave); freeSince: when
+	// each key was first seen free with a ticket ahead (queueGrace).
+	tickets     []uint64
+	ahead       [][]*Entry
+	freeSince   []time.Time
+	ticketTried bool
+	// resumeReads: openResumed's reads, for resume's first attempt.
+	resumeReads []*State
+
+	mu      sync.Mutex
+	seqs    []Sequencer // the grants, the request's order
+	values  [][]byte    // each key's value as last seen (an unlock writes it back)
+	lostKey string      // the key whose loss ended the hold
+}
+
+// acquireMulti runs a multi-key hold, as Acquire runs one of one key.
+func (b *Broker) acquireMulti(ctx context.Context, spec *AcquireSpec, send func(Event) error) error {
+	m, err := b.beginMulti(ctx, spec, send)
+	if err != nil {
+		return err
+	}
+	defer m.close()
+	return m.keep(ctx)
+}
+
+// checkMulti refuses a multi-key spec the broker cannot serve (the server
+// refuses these first, naming `keys`).
+func checkMulti(spec *AcquireSpec) error {
+	keys := append([]string{spec.Key}, spec.Keys...)
+	switch {
+	case spec.Mode != ModeNone || spec.Semaphore || spec.Limit > 1:
+		return invalid("keys", "a multi-key lock takes locks only (no semaphore, read or write kind)")
+	case len(keys) > MaxTxnOps/2:
+		return invalid("keys", "at most %d keys with `key`, got %d", MaxTxnOps/2-1, len(spec.Keys))
+	case spec.SessionID != "":
+		return invalid("keys", "a multi-key lock needs a session of the broker's own: session_id cannot have keys")
+	}
+	seen := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		if seen[k] {
+			return invalid("keys", "key %q is named twice", k)
+		}
+		seen[k] = true
+	}
+	return nil
+}
+
+func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Event) error) (*multiHold, error) {
+	if err := checkMulti(spec); err != nil {
+		return nil, err
+	}
+	if !b.enter() {
+		return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
+	}
+	h := b.newHold(ctx, *spec, send)
+	m := &multiHold{h: h, keys: append([]string{spec.Key}, spec.Keys...), changed: make(chan struct{}, 1), stop: make(chan struct{})}
+	n := len(m.keys)
+	m.tickets, m.ahead, m.freeSince = make([]uint64, n), make([][]*Entry, n), make([]time.Time, n)
+	m.values = make([][]byte, n)
+	for i := range m.values {
+		m.values[i] = spec.Value
+	}
+	begun := false
+	defer func() {
+		if !begun {
+			m.close()
+		}
+	}()
+	if err := m.openSession(ctx); err != nil {
+		return nil, err
+	}
+	b.setWaiting(h, true)
+	m.subscribe()
+	if h.owned {
+		h.ren = newRenewer(h.st, h.session, h.ttl, h.start, b.renewals)
+		h.ren.start()
+	}
+	var seqs []Sequencer
+	var err error
+	resumed := spec.Resume != nil
+	if resumed {
+		seqs, err = m.resume(ctx)
+	} else {
+		seqs, err = m.wait(ctx)
+	}
+	b.setWaiting(h, false)
+	if seqs != nil {
+		m.setGrants(seqs)
+	}
+	if err == nil && !h.life.Grant() {
+		err = ctx.Err()
+	}
+	if err != nil {
+		h.life.End(Outcome{Kind: OutcomeFailed})
+		if !resumed {
+			m.abandon(seqs != nil)
+		}
+		return nil, err
+	}
+	b.registerMulti(m)
+	h.guard = b.hub.addGuard(recordKey(h.session), h.record().index)
+	if g := h.guaranteed(); h.ren != nil && g <= 0 {
+		h.life.End(lost(LostRenewalFailed, "the grant came after the session's safe deadline (no renewal succeeded in time), so it was never held safely"))
+	} else if err := send(Event{Kind: EventAcquired, Sequencer: seqs[0], Sequencers: slices.Clone(seqs), GuaranteedFor: g, Resumed: resumed}); err != nil && !disconnected(ctx) {
+		h.life.End(Outcome{Kind: OutcomeCanceled})
+	}
+	begun = true
+	return m, nil
+}
+
+// close gives back what the hold took from the broker; it runs once.
+func (m *multiHold) close() {
+	h := m.h
+	if h.guard != nil {
+		h.b.hub.removeGuard(h.guard)
+	}
+	h.b.unregisterMulti(m)
+	if h.ren != nil {
+		h.ren.stop()
+	}
+	close(m.stop)
+	m.fwd.Wait()
+	for _, s := range m.subs {
+		s.close()
+	}
+	h.b.holds.Done()
+}
+
+// subscribe watches every key, now (a waiter and a holder both need every
+// key's changes), and forwards their wake-ups to m.changed.
+func (m *multiHold) subscribe() {
+	for _, k := range m.keys {
+		s := m.h.b.hub.subscribeAt(k, false)
+		m.subs = append(m.subs, s)
+		m.fwd.Add(1)
+		go func() {
+			defer m.fwd.Done()
+			for {
+				select {
+				case <-m.stop:
+					return
+				case <-s.wake:
+					select {
+					case m.changed <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+}
+
+// openSession creates the hold's session (never a pooled one: the pool's
+// sessions are kept per key), or renews a resumed one.
+func (m *multiHold) openSession(ctx context.Context) error {
+	h := m.h
+	if h.spec.Resume != nil {
+		return m.openResumed(ctx)
+	}
+	spec := withDefaults(h.spec.NewSession)
+	if err := validateSpec(spec); err != nil {
+		return err
+	}
+	cctx, cancel := cleanupContext()
+	defer cancel()
+	h.start = time.Now()
+	id, err := h.st.CreateSession(cctx, spec)
+	if err != nil {
+		return err
+	}
+	h.session, h.owned, h.ttl, h.del = id, true, spec.TTL, spec.Delete
+	h.rec = newRecord(id, h.b.id)
+	h.rec.Delete, h.rec.Tenant = spec.Delete, h.tenant
+	if ctx.Err() != nil {
+		h.destroy(cctx)
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (m *multiHold) setGrants(seqs []Sequencer) {
+	h := m.h
+	h.mu.Lock()
+	h.seq, h.granted = seqs[0], time.Now()
+	h.mu.Unlock()
+	m.mu.Lock()
+	m.seqs = slices.Clone(seqs)
+	m.mu.Unlock()
+	for i, s := range m.subs {
+		s.want(seqs[i].Token)
+		h.b.hub.known.forget(seqs[i].Key)
+	}
+}
+
+func (m *multiHold) grants() []Sequencer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.seqs)
+}
+
+// states fills sts with every key's state: the watch's, or a consistent
+// read where the watch knows nothing yet or fresh asks for one (after a
+// race). The reads go out together, a few at a time.
+func (m *multiHold) states(ctx context.Context, sts []*State, fresh bool) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(m.keys))
+	sem := make(chan struct{}, 8)
+	for i, s := range m.subs {
+		if !fresh {
+			if st, _ := s.state(); st != nil {
+				sts[i] = st
+				continue
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			sts[i], errs[i] = m.h.b.readState(ctx, m.keys[i])
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// wait is the waiting loop of a multi-key lock: attempt on every key's
+// state; queue in every key's queue when it cannot take them all now;
+// report and sleep until a key changes.
+func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
+	h := m.h
+	var timeout <-chan time.Time
+	if !h.spec.WaitForever && h.spec.Wait > 0 {
+		t := time.NewTimer(h.spec.Wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var failed <-chan error
+	if h.ren != nil {
+		failed = h.ren.failed
+	}
+	beat := time.NewTicker(QueuedHeartbeat)
+	defer beat.Stop()
+	sts := make([]*State, len(m.keys))
+	fresh, races := false, 0
+	var reported *State
+	reportedPos := -1
+	for {
+		if err := m.states(ctx, sts, fresh); err != nil {
+			return nil, err
+		}
+		fresh = false
+		for _, st := range sts {
+			if err := lockConflict(st); err != nil {
+				return nil, err
+			}
+		}
+		seqs, blocked, err := m.attempt(ctx, sts)
+		var delay <-chan time.Time
+		switch {
+		case seqs != nil:
+			return seqs, nil
+		case errors.Is(err, errRace):
+			races++
+			if races > maxRaces {
+				e := newError(ErrUnavailable, ReasonConsulUnavailable, "keys %q changed under %d attempts in a row; retry later", m.keys, maxRaces)
+				e.RetryAfter = time.Second
+				return nil, e
+			}
+			if races > 1 {
+				backoff(ctx, races)
+			}
+			fresh = true
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			continue
+		case errors.Is(err, errLockDelay):
+			if h.tryOnce() {
+				return nil, newError(ErrBusy, ReasonLockDelay, "a key of %q is in Consul's lock-delay (its end is unknown to this broker)", m.keys)
+			}
+			delay = time.After(200 * time.Millisecond)
+		case err != nil:
+			return nil, err
+		}
+		if blocked == nil {
+			blocked = sts[0]
+		}
+		if h.tryOnce() {
+			h.b.fillTokens(ctx, blocked)
+			return nil, holdersError(ErrBusy, ReasonLockHeld, blocked)
+		}
+		if delay == nil && m.tickets[0] == 0 {
+			if err := m.enqueue(ctx, sts); errors.Is(err, errRace) {
+				fresh = true
+				races++
+				if races > maxRaces {
+					return nil, newError(ErrUnavailable, ReasonConsulUnavailable, "the queues of %q changed under %d attempts in a row; retry later", m.keys, maxRaces)
+				}
+				continue
+			} else if err != nil {
+				return nil, err
+			}
+			continue // queued: look again, with the place
+		}
+		races = 0
+		pos := m.position(blocked)
+		if reported == nil || !sameHolders(reported, blocked) || reported.Key != blocked.Key || pos != reportedPos || reported.Waiting != blocked.Waiting {
+			reported, reportedPos = blocked, pos
+			h.b.fillTokensCached(blocked)
+			if err := m.sendQueued(blocked, pos); err != nil {
+				return nil, err
+			}
+		}
+		var grace <-chan time.Time
+		if d, ok := m.graceLeft(); ok {
+			t := time.NewTimer(d)
+			grace = t.C
+			defer t.Stop()
+		}
+		cutOff := h.b.reach.lost()
+	sleep:
+		for {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-h.b.shutdown:
+				return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
+			case <-timeout:
+				h.b.fillTokens(ctx, blocked)
+				return nil, holdersError(ErrTimeout, ReasonWaitTimeout, blocked)
+			case err := <-failed:
+				return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
+			case <-cutOff:
+				return nil, newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent has not answered for %s; wait on another replica", reachGrace)
+			case <-beat.C:
+				if err := m.sendQueued(reported, reportedPos); err != nil {
+					return nil, err
+				}
+			case <-delay:
+				break sleep
+			case <-grace:
+				break sleep
+			case <-m.changed:
+				break sleep
+			}
+		}
+	}
+}
+
+func (m *multiHold) sendQueued(st *State, pos int) error {
+	return m.h.send(Event{Kind: EventQueued, State: st, Session: m.h.session, Heartbeat: QueuedHeartbeat, Position: pos})
+}
+
+// position is the request's place in st's key's queue (1: next), 0
+// without a ticket.
+func (m *multiHold) position(st *State) int {
+	i := slices.Index(m.keys, st.Key)
+	if i < 0 || m.tickets[i] == 0 {
+		return 0
+	}
+	return len(m.ahead[i]) + 1
+}
+
+// attempt takes every key when the request may: every key free, and
+// nobody queued on any (a newcomer) or the request heads every key's
+// queue. It returns the grants; or the state of a key in the way; or
+// errRace, errLockDelay or a final error.
+func (m *multiHold) attempt(ctx context.Context, sts []*State) ([]Sequencer, *State, error) {
+	var blocked *State
+	for i, st := range sts {
+		if _, mine := st.holder(m.h.session); mine {
+			continue // a grant whose answer was lost: the transaction tells
+		}
+		if len(st.Holders) > 0 {
+			m.freeSince[i] = time.Time{}
+			if blocked == nil {
+				blocked = st
+			}
+		}
+	}
+	for i, st := range sts {
+		if m.tickets[i] == 0 {
+			if st.othersQueued(m.h.session) && blocked == nil {
+				blocked = st
+			}
+		} else if m.aheadOf(i, st) > 0 && blocked == nil {
+			blocked = st
+		}
+	}
+	if blocked != nil {
+		return nil, blocked, nil
+	}
+	seqs, err := m.grant(ctx, sts)
+	return seqs, nil, err
+}
+
+// aheadOf drops from key i's tickets ahead those st shows gone or dead
+// (st is trusted only for tickets no newer than itself) and returns how
+// many are left; a key that has stood free for queueGrace with tickets
+// ahead counts none (their waiters are gone, see ticket.go).
+func (m *multiHold) aheadOf(i int, st *State) int {
+	if !st.partial {
+		m.ahead[i] = slices.DeleteFunc(m.ahead[i], func(t *Entry) bool {
+			if st.Index < t.CreateIndex {
+				return false
+			}
+			e := st.entry(t.Key)
+			return e == nil || e.CreateIndex != t.CreateIndex || !ticketLive(st.Key, e)
+		})
+	}
+	if len(m.ahead[i]) == 0 || len(st.Holders) > 0 {
+		m.freeSince[i] = time.Time{}
+		return len(m.ahead[i])
+	}
+	if m.freeSince[i].IsZero() {
+		m.freeSince[i] = time.Now()
+	}
+	if time.Since(m.freeSince[i]) >= queueGrace {
+		return 0
+	}
+	return len(m.ahead[i])
+}
+
+// graceLeft is how long until a key free with tickets ahead may be taken
+// all the same (see aheadOf).
+func (m *multiHold) graceLeft() (time.Duration, bool) {
+	var left time.Duration
+	ok := false
+	for _, since := range m.freeSince {
+		if since.IsZero() {
+			continue
+		}
+		d := max(queueGrace-time.Since(since), time.Millisecond)
+		if !ok || d < left {
+			left, ok = d, true
+		}
+	}
+	return left, ok
+}
+
+// grant takes every key in one transaction: a lock op per key, and per
+// key the queue's check (a newcomer: no guard, or the removal of a guard
+// that no live ticket needs; both prove that nobody queued since st).
+// The session's record goes with it when it fits, else in a transaction
+// of its own right after; so do the request's tickets.
+func (m *multiHold) grant(ctx context.Context, sts []*State) ([]Sequencer, error) {
+	h := m.h
+	var must, later []Op
+	lockOp := make([]int, len(m.keys)) // each key's lock op in must
+	for i, key := range m.keys {
+		lockOp[i] = len(must)
+		must = append(must, Op{Verb: OpLock, Key: key, Value: h.spec.Value, Flags: LockFlagValue, Session: h.session})
+		st := sts[i]
+		if m.tickets[i] == 0 {
+			if st.guard == nil {
+				must = append(must, Op{Verb: OpCheckNotExists, Key: key + queueSuffix})
+			} else {
+				must = append(must, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
+			}
+			continue
+		}
+		later = append(later, Op{Verb: OpDelete, Key: ticketKey(key, h.session)})
+		if st.guard != nil && !st.partial && st.Index >= m.tickets[i] && !st.othersQueued(h.session) {
+			later = append(later, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
+		}
+	}
+	rec := h.record()
+	next := rec.next()
+	for _, k := range m.keys {
+		next.Holds[k] = 0
+		next.Since[k] = time.Now().UnixMilli()
+	}
+	next.Keys, next.Waiting = m.keys, ""
+	recOps := rec.writeOps(next)
+	ops := must
+	recInline := len(recOps)+len(must) <= MaxTxnOps
+	recAt := -1
+	if recInline {
+		recAt = 0
+		ops = append(slices.Clone(recOps), must...)
+		for len(later) > 0 && len(ops) < MaxTxnOps {
+			ops = append(ops, later[0])
+			later = later[1:]
+		}
+	}
+	lockAt := 0 // where must begins in ops
+	if recInline {
+		lockAt = len(recOps)
+	}
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		h.unsure = h.unsure || ctx.Err() != nil
+		return nil, h.txnFailure(ctx, err, recAt)
+	}
+	seqs := make([]Sequencer, len(m.keys))
+	for i, key := range m.keys {
+		e := res[lockAt+lockOp[i]]
+		seqs[i] = Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}
+	}
+	for i := range m.tickets {
+		m.tickets[i] = 0
+	}
+	if recInline {
+		next.index, next.live = recordWritten(ops, res, h.session), true
+		h.setRecord(next)
+	} else {
+		// 64 keys: 128 ops, and no room for the record. Its tokens are
+		// the grant's, written out (a pending 0 would be this write's).
+		for i, k := range m.keys {
+			next.Holds[k] = seqs[i].Token
+		}
+		res, err := h.st.Txn(ctx, recOps)
+		if err != nil {
+			return seqs, err // the caller unlocks them (abandon)
+		}
+		next.index, next.live = recordWritten(recOps, res, h.session), true
+		h.setRecord(next)
+	}
+	if len(later) > 0 {
+		_, _ = h.st.Txn(ctx, later) // best effort: the tickets die with the session anyway
+	}
+	return seqs, nil
+}
+
+// enqueue takes the request's ticket in every key's queue in one
+// transaction (see the top of this file). It returns errRace when a
+// guard moved under it.
+func (m *multiHold) enqueue(ctx context.Context, sts []*State) error {
+	h := m.h
+	var ops []Op
+	for i, key := range m.keys {
+		st := sts[i]
+		guard := Op{Verb: OpCAS, Key: key + queueSuffix, Flags: QueueFlagValue, Value: []byte("0")}
+		if st.guard != nil {
+			guard.Index = st.guard.ModifyIndex
+			guard.Value = strconv.AppendUint(nil, st.guard.ModifyIndex, 10)
+		}
+		ops = append(ops, Op{Verb: OpLock, Key: ticketKey(key, h.session), Value: []byte(h.b.id), Flags: QueueFlagValue, Session: h.session}, guard)
+	}
+	m.ticketTried = true
+	h.enqueued = true
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		return h.txnFailure(ctx, err, -1)
+	}
+	for i, key := range m.keys {
+		t := res[2*i]
+		m.tickets[i] = t.CreateIndex
+		m.ahead[i] = nil
+		for _, o := range sts[i].tickets {
+			if o.CreateIndex < t.CreateIndex && o.Session != h.session && ticketLive(key, o) {
+				m.ahead[i] = append(m.ahead[i], o)
+			}
+		}
+	}
+	return nil
+}
+
+// abandon cleans up after a request that never got its grant (or whose
+// grant could not be announced: held unlocks those keys): its tickets and
+// its session, which the broker made for it.
+func (m *multiHold) abandon(held bool) {
+	h := m.h
+	if !h.owned {
+		return
+	}
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	if held {
+		m.finish(false)
+		return
+	}
+	if m.ticketTried {
+		var ops []Op
+		for _, k := range m.keys {
+			ops = append(ops, Op{Verb: OpDelete, Key: ticketKey(k, h.session)})
+		}
+		_, _ = h.st.Txn(ctx, ops)
+	}
+	h.destroy(ctx)
+	if h.unsure || h.record().index != 0 {
+		h.b.dropDead(ctx, h.st, h.session)
+	}
+	m.tidy()
+}
+
+// tidy tidies the queues of keys that the request queued in, in the
+// background (see tidyAfter).
+func (m *multiHold) tidy() {
+	if !m.h.enqueued {
+		return
+	}
+	b, store, keys := m.h.b, m.h.st, m.keys
+	b.holds.Add(1)
+	go func() {
+		defer b.holds.Done()
+		for _, k := range keys {
+			b.tidyQueue(store, k)
+		}
+	}()
+}
+
+// registerMulti makes the hold releasable through any of its keys.
+func (b *Broker) registerMulti(m *multiHold) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.multi == nil {
+		b.multi = make(map[string]*multiHold)
+	}
+	for _, k := range m.keys {
+		b.multi[localKey(k, m.h.session)] = m
+	}
+}
+
+func (b *Broker) unregisterMulti(m *multiHold) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, k := range m.keys {
+		if b.multi[localKey(k, m.h.session)] == m {
+			delete(b.multi, localKey(k, m.h.session))
+		}
+	}
+}
+
+func (b *Broker) lookupMulti(key, session string) *multiHold {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.multi[localKey(key, session)]
+}

@@ -1,0 +1,495 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/brokertest"
+	"github.com/lockbroker/lockbroker/internal/consultest"
+)
+
+// Issue 43, item 2: multi-key locks (AcquireRequest.keys), taken all or
+// nothing in one Consul transaction, against a real Consul agent and
+// broker processes.
+
+// twoReplicas starts two broker processes on one agent.
+func twoReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClient) {
+	t.Helper()
+	agent := consultest.Start(t)
+	var cs []lockbrokerv1.LockServiceClient
+	for range 2 {
+		p := brokertest.StartProcess(t, agent)
+		cs = append(cs, lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr)))
+	}
+	return agent, cs
+}
+
+// mkKeys is n keys under prefix.
+func mkKeys(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s/k%02d", prefix, i)
+	}
+	return keys
+}
+
+// multiReq asks for keys (the first is `key`) with a fast session.
+func multiReq(keys []string, value string) *lockbrokerv1.AcquireRequest {
+	return &lockbrokerv1.AcquireRequest{Key: keys[0], Keys: keys[1:], Value: []byte(value), Session: fast()}
+}
+
+// lockedBy is the keys among keys that Consul shows locked by session.
+func lockedBy(t testing.TB, c *api.Client, keys []string, session string) []string {
+	t.Helper()
+	var out []string
+	for _, k := range keys {
+		kv, _, err := c.KV().Get(k, &api.QueryOptions{RequireConsistent: true})
+		require.NoError(t, err)
+		if kv != nil && kv.Session == session && session != "" {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// freeKeys is the keys among keys that no session holds.
+func freeKeys(t testing.TB, c *api.Client, keys []string) []string {
+	t.Helper()
+	var out []string
+	for _, k := range keys {
+		kv, _, err := c.KV().Get(k, &api.QueryOptions{RequireConsistent: true})
+		require.NoError(t, err)
+		if kv == nil || kv.Session == "" {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// requireGrant checks an `acquired` of keys: one sequencer per key in the
+// request's order, the first equal to `sequencer`, one session, and
+// Consul showing every key held by it.
+func requireGrant(t testing.TB, c *api.Client, a *lockbrokerv1.AcquireAcquired, keys []string) string {
+	t.Helper()
+	seqs := a.GetSequencers()
+	require.Len(t, seqs, len(keys))
+	session := seqs[0].GetSessionId()
+	require.Equal(t, a.GetSequencer().GetKey(), seqs[0].GetKey())
+	require.Equal(t, a.GetSequencer().GetToken(), seqs[0].GetToken())
+	for i, s := range seqs {
+		require.Equal(t, keys[i], s.GetKey(), "sequencers in the request's order")
+		require.Equal(t, session, s.GetSessionId(), "one session")
+		require.NotZero(t, s.GetToken())
+	}
+	require.ElementsMatch(t, keys, lockedBy(t, c, keys, session), "Consul shows every key held by the session")
+	return session
+}
+
+// A multi-key request blocked by one busy key holds none of its keys
+// while it waits (Consul polled throughout), and gets all of them in one
+// go once the key is released; Release through any of its keys (with
+// that key's token) releases every key, and `released` carries every
+// sequencer.
+func TestMultiKeyAllOrNothing(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	keys := mkKeys("multi/aon", 5)
+	blocker := acquire(t, cs[0], &lockbrokerv1.AcquireRequest{Key: keys[3], Session: fast()})
+	bseq := blocker.acquired(10 * time.Second).GetSequencer()
+
+	m := acquire(t, cs[1], multiReq(keys, "multi"))
+	q := m.next(10*time.Second, isQueued).GetQueued()
+	session := q.GetSessionId()
+	require.NotEmpty(t, session)
+	assert.Equal(t, keys[3], q.GetState().GetKey(), "queued names the busy key")
+	for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); {
+		require.Empty(t, lockedBy(t, cc, keys, session), "a waiting multi-key request holds no key")
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, err := cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: keys[3], SessionId: bseq.GetSessionId(), Token: bseq.GetToken()})
+	require.NoError(t, err)
+	a := m.acquired(10 * time.Second)
+	require.Equal(t, session, requireGrant(t, cc, a, keys))
+	tok := a.GetSequencers()[0].GetToken()
+	for _, s := range a.GetSequencers() {
+		assert.Equal(t, tok, s.GetToken(), "one transaction: every key's token is its index")
+	}
+
+	// Release through the fourth key, on the other replica.
+	s4 := a.GetSequencers()[3]
+	res, err := cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s4.GetKey(), SessionId: s4.GetSessionId(), Token: s4.GetToken()})
+	require.NoError(t, err)
+	require.True(t, res.GetReleased())
+	rel := m.next(5*time.Second, lkIsReleased).GetReleased()
+	require.Len(t, rel.GetSequencers(), len(keys))
+	for i, s := range rel.GetSequencers() {
+		assert.Equal(t, keys[i], s.GetKey())
+	}
+	require.ElementsMatch(t, keys, freeKeys(t, cc, keys))
+}
+
+// Release on the hold's own replica, through the last key.
+func TestMultiKeyReleaseLocal(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	keys := mkKeys("multi/local", 3)
+	m := acquire(t, cs[0], multiReq(keys, "v"))
+	a := m.acquired(10 * time.Second)
+	requireGrant(t, cc, a, keys)
+	last := a.GetSequencers()[2]
+	res, err := cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: last.GetKey(), SessionId: last.GetSessionId(), Token: last.GetToken()})
+	require.NoError(t, err)
+	require.True(t, res.GetReleased())
+	require.Len(t, m.next(5*time.Second, lkIsReleased).GetReleased().GetSequencers(), 3)
+	require.ElementsMatch(t, keys, freeKeys(t, cc, keys))
+	// A wrong token releases nothing.
+	m2 := acquire(t, cs[0], multiReq(keys, "v"))
+	a2 := m2.acquired(10 * time.Second)
+	_, err = cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: keys[1], SessionId: a2.GetSequencer().GetSessionId(), Token: a2.GetSequencer().GetToken() + 1000})
+	require.Error(t, err)
+	require.ElementsMatch(t, keys, lockedBy(t, cc, keys, a2.GetSequencer().GetSessionId()))
+}
+
+// 64 keys (the most): granted at once when free, and through the queue
+// when one is busy (the grant then takes two transactions of up to 128
+// operations); released together.
+func TestMultiKey64Keys(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	keys := mkKeys("multi/64", 64)
+	m := acquire(t, cs[0], multiReq(keys, "sixty-four"))
+	a := m.acquired(10 * time.Second)
+	requireGrant(t, cc, a, keys)
+	m.cancel()
+	require.Eventually(t, func() bool { return len(freeKeys(t, cc, keys)) == 64 }, 5*time.Second, 50*time.Millisecond)
+
+	blocker := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: keys[63], Session: fast()})
+	bseq := blocker.acquired(10 * time.Second).GetSequencer()
+	w := acquire(t, cs[0], multiReq(keys, "sixty-four"))
+	session := w.next(10*time.Second, isQueued).GetQueued().GetSessionId()
+	require.Empty(t, lockedBy(t, cc, keys, session))
+	_, err := cs[1].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: keys[63], SessionId: bseq.GetSessionId(), Token: bseq.GetToken()})
+	require.NoError(t, err)
+	a = w.acquired(10 * time.Second)
+	requireGrant(t, cc, a, keys)
+	first := a.GetSequencers()[0]
+	_, err = cs[1].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: first.GetKey(), SessionId: first.GetSessionId(), Token: first.GetToken()})
+	require.NoError(t, err)
+	require.Len(t, w.next(5*time.Second, lkIsReleased).GetReleased().GetSequencers(), 64)
+	require.Len(t, freeKeys(t, cc, keys), 64)
+}
+
+// Losing one key (deleted in Consul behind the broker's back) ends the
+// whole hold with `lost` naming that key, and the other keys are free
+// within 1 s; destroying the session ends it too.
+func TestMultiKeyLoss(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	keys := mkKeys("multi/loss", 4)
+	m := acquire(t, cs[0], multiReq(keys, "v"))
+	requireGrant(t, cc, m.acquired(10*time.Second), keys)
+	_, err := cc.KV().Delete(keys[2], nil)
+	require.NoError(t, err)
+	start := time.Now()
+	lost := m.next(3*time.Second, isLost).GetLost()
+	assert.Equal(t, keys[2], lost.GetKey(), "lost names the key")
+	assert.Equal(t, lockbrokerv1.LostReason_LOST_REASON_DELETED_BY_OTHER, lost.GetReason())
+	others := []string{keys[0], keys[1], keys[3]}
+	require.Eventually(t, func() bool { return len(freeKeys(t, cc, others)) == 3 }, time.Second, 20*time.Millisecond, "the other keys are released")
+	t.Logf("lost after %v, others free after %v", time.Since(start), time.Since(start))
+
+	m2 := acquire(t, cs[1], multiReq(keys, "v"))
+	s2 := requireGrant(t, cc, m2.acquired(10*time.Second), keys)
+	_, err = cc.Session().Destroy(s2, nil)
+	require.NoError(t, err)
+	lost = m2.next(3*time.Second, isLost).GetLost()
+	assert.Equal(t, lockbrokerv1.LostReason_LOST_REASON_SESSION_INVALIDATED, lost.GetReason(), "%v", lost)
+	assert.Contains(t, keys, lost.GetKey())
+}
+
+// Consul's own api.Lock excludes correctly on any key, both ways.
+func TestMultiKeyConsulLockInterop(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	keys := mkKeys("multi/interop", 3)
+
+	// api.Lock first: the multi-key request waits, holding nothing.
+	l, err := cc.LockOpts(&api.LockOptions{Key: keys[1], SessionTTL: "10s", LockDelay: time.Millisecond})
+	require.NoError(t, err)
+	_, err = l.Lock(nil)
+	require.NoError(t, err)
+	m := acquire(t, cs[0], multiReq(keys, "broker"))
+	session := m.next(10*time.Second, isQueued).GetQueued().GetSessionId()
+	time.Sleep(500 * time.Millisecond)
+	require.Empty(t, lockedBy(t, cc, keys, session))
+	require.NoError(t, l.Unlock())
+	a := m.acquired(10 * time.Second)
+	requireGrant(t, cc, a, keys)
+
+	// The broker first: api.Lock cannot take any key while it holds.
+	for _, k := range keys {
+		l2, err := cc.LockOpts(&api.LockOptions{Key: k, SessionTTL: "10s", LockTryOnce: true, LockWaitTime: 300 * time.Millisecond})
+		require.NoError(t, err)
+		ch, err := l2.Lock(nil)
+		require.NoError(t, err)
+		require.Nil(t, ch, "api.Lock on %s while the broker holds it", k)
+	}
+	s := a.GetSequencers()[1]
+	_, err = cs[1].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s.GetKey(), SessionId: s.GetSessionId(), Token: s.GetToken()})
+	require.NoError(t, err)
+	l3, err := cc.LockOpts(&api.LockOptions{Key: keys[2], SessionTTL: "10s", LockTryOnce: true, LockWaitTime: 2 * time.Second})
+	require.NoError(t, err)
+	ch, err := l3.Lock(nil)
+	require.NoError(t, err)
+	require.NotNil(t, ch, "api.Lock after the release")
+	require.NoError(t, l3.Unlock())
+}
+
+// Resume on another replica: the first key's sequencer and the other
+// keys; the old stream ends RESUMED_ELSEWHERE and the hold goes on.
+func TestMultiKeyResumeOnOtherReplica(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	keys := mkKeys("multi/resume", 3)
+	m := acquire(t, cs[0], multiReq(keys, "v"))
+	a := m.acquired(10 * time.Second)
+	session := requireGrant(t, cc, a, keys)
+
+	// Naming other keys is refused, and writes nothing.
+	bad := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: keys[0], Keys: []string{keys[1]}, Session: &lockbrokerv1.AcquireRequest_Resume{Resume: a.GetSequencer()}})
+	err := bad.end(10 * time.Second)
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+
+	r := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: keys[0], Keys: keys[1:], Session: &lockbrokerv1.AcquireRequest_Resume{Resume: a.GetSequencer()}})
+	ra := r.acquired(10 * time.Second)
+	require.True(t, ra.GetResumed())
+	require.Len(t, ra.GetSequencers(), 3)
+	for i, s := range ra.GetSequencers() {
+		assert.Equal(t, a.GetSequencers()[i].GetToken(), s.GetToken(), "same grant of %s", s.GetKey())
+	}
+	lost := m.next(15*time.Second, isLost).GetLost()
+	assert.Equal(t, lockbrokerv1.LostReason_LOST_REASON_RESUMED_ELSEWHERE, lost.GetReason())
+	require.ElementsMatch(t, keys, lockedBy(t, cc, keys, session), "still held after the old stream ended")
+	// A cancel right after a resume keeps the hold until its promise (the
+	// client may have given the resume up as late, see keep.go); after
+	// resumeSettle (2 s) it releases every key.
+	time.Sleep(2500 * time.Millisecond)
+	r.cancel()
+	require.Eventually(t, func() bool { return len(freeKeys(t, cc, keys)) == 3 }, 5*time.Second, 50*time.Millisecond)
+}
+
+// Multi-key requests on overlapping keys, in opposite orders, from
+// several clients over two replicas: all are granted (no deadlock), and
+// no two holders ever overlap.
+func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	all := mkKeys("multi/dl", 6)
+	sets := [][]string{
+		{all[0], all[1], all[2], all[3]},
+		{all[3], all[2], all[1], all[0]},
+		{all[2], all[4], all[0]},
+		{all[5], all[3], all[1]},
+		{all[4], all[5], all[0], all[3]},
+		{all[1], all[5]},
+	}
+	const rounds = 4
+	var (
+		mu      sync.Mutex
+		holding = map[string]int{}
+		grants  int
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, set := range sets {
+		c := cs[i%2]
+		wg.Go(func() {
+			for range rounds {
+				s, err := c.Acquire(ctx, multiReq(set, fmt.Sprintf("client-%d", i)))
+				if err != nil {
+					t.Errorf("client %d: %v", i, err)
+					return
+				}
+				var a *lockbrokerv1.AcquireAcquired
+				for a == nil {
+					ev, err := s.Recv()
+					if err != nil {
+						t.Errorf("client %d: no grant: %v", i, err)
+						return
+					}
+					a = ev.GetAcquired()
+				}
+				mu.Lock()
+				for _, k := range set {
+					if holding[k] != 0 {
+						t.Errorf("client %d got %s while client %d holds it", i, k, holding[k]-1)
+					}
+					holding[k] = i + 1
+				}
+				grants++
+				mu.Unlock()
+				time.Sleep(20 * time.Millisecond)
+				mu.Lock()
+				for _, k := range set {
+					holding[k] = 0
+				}
+				mu.Unlock()
+				seq := a.GetSequencers()[len(set)-1]
+				if _, err := c.Release(ctx, &lockbrokerv1.ReleaseRequest{Key: seq.GetKey(), SessionId: seq.GetSessionId(), Token: seq.GetToken()}); err != nil {
+					t.Errorf("client %d: release: %v", i, err)
+				}
+				for {
+					if _, err := s.Recv(); err != nil {
+						break
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, ctx.Err(), "every request was granted within the bound")
+	assert.Equal(t, len(sets)*rounds, grants)
+	require.Eventually(t, func() bool { return len(freeKeys(t, cc, all)) == len(all) }, 5*time.Second, 50*time.Millisecond)
+}
+
+// A multi-key waiter is not starved by steady single-key traffic on one
+// of its keys (three cyclers on each replica, 20 ms holds): granted
+// within 5 s, and its other key stays free meanwhile.
+func TestMultiKeyNotStarvedBySingleKeyTraffic(t *testing.T) {
+	_, cs := twoReplicas(t)
+	hot, other := "multi/starve/hot", "multi/starve/other"
+	stop := make(chan struct{})
+	done0 := cycle(t, cs[0], hot, 0, 3, 20*time.Millisecond, stop, 30*time.Second)
+	done1 := cycle(t, cs[1], hot, 0, 3, 20*time.Millisecond, stop, 30*time.Second)
+	time.Sleep(500 * time.Millisecond) // the key is hot
+	for round := range 3 {
+		start := time.Now()
+		m := acquire(t, cs[round%2], &lockbrokerv1.AcquireRequest{Key: other, Keys: []string{hot}, Session: fast()})
+		a := m.acquired(5 * time.Second)
+		took := time.Since(start)
+		t.Logf("round %d: multi-key waiter granted after %v", round, took)
+		require.Len(t, a.GetSequencers(), 2)
+		s := a.GetSequencers()[1]
+		_, err := cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s.GetKey(), SessionId: s.GetSessionId(), Token: s.GetToken()})
+		require.NoError(t, err)
+		time.Sleep(200 * time.Millisecond)
+	}
+	close(stop)
+	t.Logf("single-key grants meanwhile: %d + %d", done0(), done1())
+}
+
+// Bad multi-key requests are INVALID_ARGUMENT naming `keys` (or the
+// field of the bad key), and write nothing to Consul.
+func TestMultiKeyInvalid(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	before := lkConsulState(t, cc)
+	many := mkKeys("multi/bad", 65)
+	for _, tt := range []struct {
+		name  string
+		req   *lockbrokerv1.AcquireRequest
+		field string
+	}{
+		{"semaphore kind", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b"}, Kind: lockbrokerv1.AcquireKind_ACQUIRE_KIND_SEMAPHORE}, "keys"},
+		{"read kind", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b"}, Kind: lockbrokerv1.AcquireKind_ACQUIRE_KIND_READ}, "keys"},
+		{"write kind", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b"}, Kind: lockbrokerv1.AcquireKind_ACQUIRE_KIND_WRITE}, "keys"},
+		{"limit 2", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b"}, Limit: 2}, "keys"},
+		{"key repeated in keys", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "b"}}, "keys"},
+		{"keys repeats key", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "a"}}, "keys"},
+		{"64 in keys", &lockbrokerv1.AcquireRequest{Key: many[0], Keys: many[1:]}, "keys"},
+		{"bad key syntax", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "/c"}}, "keys"},
+		{"client session", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b"}, Session: &lockbrokerv1.AcquireRequest_SessionId{SessionId: "8c2a94e1-7a8f-4d3c-9a43-3f3d4a7a1b2c"}}, "keys"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := acquire(t, cs[0], tt.req)
+			err := s.end(5 * time.Second)
+			require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+			var fields []string
+			for _, d := range status.Convert(err).Details() {
+				if br, ok := d.(*errdetails.BadRequest); ok {
+					for _, fv := range br.GetFieldViolations() {
+						fields = append(fields, fv.GetField())
+					}
+				}
+			}
+			require.True(t, slices.ContainsFunc(fields, func(f string) bool { return strings.HasPrefix(f, tt.field) }), "fields %v in %v", fields, err)
+		})
+	}
+	after := lkConsulState(t, cc)
+	require.Equal(t, len(before.Sessions), len(after.Sessions), "no session made")
+	for _, kv := range after.KV {
+		assert.False(t, strings.HasPrefix(kv.Key, "a") || strings.HasPrefix(kv.Key, "b") || strings.HasPrefix(kv.Key, "multi/"), "written: %s", kv.Key)
+	}
+}
+
+// ListHolds lists every key of a multi-key hold with the others in
+// with_keys, and a waiter (on the replica asked) on each of its keys;
+// GetLock and CheckSequencer work per key as for any lock.
+func TestMultiKeyListHoldsAndPerKeyCalls(t *testing.T) {
+	agent := consultest.Start(t)
+	var cs []lockbrokerv1.LockServiceClient
+	var admins []lockbrokerv1.AdminServiceClient
+	for range 2 {
+		p := brokertest.StartProcess(t, agent)
+		conn := lkDial(t, p.Addr)
+		cs = append(cs, lockbrokerv1.NewLockServiceClient(conn))
+		admins = append(admins, lockbrokerv1.NewAdminServiceClient(conn))
+	}
+	keys := mkKeys("multi/list", 3)
+	m := acquire(t, cs[0], multiReq(keys, "v"))
+	a := m.acquired(10 * time.Second)
+	session := a.GetSequencer().GetSessionId()
+	w := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: keys[2], Keys: []string{"multi/list/k09"}, Session: fast()})
+	wsession := w.next(10*time.Second, isQueued).GetQueued().GetSessionId()
+
+	for i, admin := range admins {
+		resp, err := admin.ListHolds(lkCtx(t), &lockbrokerv1.ListHoldsRequest{KeyPrefix: "multi/list/"})
+		require.NoError(t, err)
+		held := map[string][]string{}
+		waiting := map[string][]string{}
+		for _, h := range resp.GetHolds() {
+			switch {
+			case h.GetSessionId() == session && !h.GetWaiting():
+				held[h.GetKey()] = h.GetWithKeys()
+				assert.Equal(t, a.GetSequencers()[slices.Index(keys, h.GetKey())].GetToken(), h.GetToken())
+			case h.GetSessionId() == wsession && h.GetWaiting():
+				waiting[h.GetKey()] = h.GetWithKeys()
+			}
+		}
+		require.Len(t, held, 3, "replica %d lists every key of the hold", i)
+		for _, k := range keys {
+			assert.ElementsMatch(t, slices.DeleteFunc(slices.Clone(keys), func(o string) bool { return o == k }), held[k], "with_keys of %s", k)
+		}
+		require.Contains(t, waiting, keys[2], "replica %d lists the waiter in the queue of %s", i, keys[2])
+		if i == 1 { // the waiter's own replica knows all its keys
+			assert.Equal(t, []string{"multi/list/k09"}, waiting[keys[2]])
+			assert.Equal(t, []string{keys[2]}, waiting["multi/list/k09"])
+		}
+	}
+	for i, s := range a.GetSequencers() {
+		st := lkGetLock(t, cs[1], keys[i])
+		assert.Equal(t, session, lkHolder(t, st).GetSessionId())
+		cur, err := cs[1].CheckSequencer(lkCtx(t), &lockbrokerv1.CheckSequencerRequest{Sequencer: s})
+		require.NoError(t, err)
+		assert.True(t, cur.GetCurrent(), "sequencer of %s", s.GetKey())
+	}
+	// The waiter holds nothing, and gets both keys once the hold ends.
+	require.Empty(t, lockedBy(t, agent.Client(), []string{keys[2], "multi/list/k09"}, wsession))
+	m.cancel()
+	wa := w.acquired(10 * time.Second)
+	require.Len(t, wa.GetSequencers(), 2)
+}
