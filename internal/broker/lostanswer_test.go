@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockbroker/lockbroker/internal/broker"
+	"github.com/lockbroker/lockbroker/internal/consulstore"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
 
@@ -122,6 +123,10 @@ func TestHandOffAnswerLost(t *testing.T) {
 				if !holder.ended(10 * time.Second) {
 					t.Fatal("the old holder's stream did not end")
 				}
+				// Its clean-up goes on in the background once the stream
+				// has ended (a tidy of the queue's guard, under -race
+				// slow enough to land inside the count below: CI saw 2).
+				writesSettle(t, storeA, 300*time.Millisecond, 10*time.Second)
 				next := startHold(t, a, lockForever(key), nil)
 				next.next(broker.EventQueued)
 				before := storeA.OpCounts()["kv_txn_write"]
@@ -163,6 +168,23 @@ func TestHandOffAnswerLost(t *testing.T) {
 }
 
 // onlyKey keeps the entry at key of a listing of its prefix.
+// writesSettle waits until store has sent no write transaction for quiet
+// (at most limit): background clean-up of holds that ended is over.
+func writesSettle(t *testing.T, store *consulstore.Store, quiet, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	last, since := store.OpCounts()["kv_txn_write"], time.Now()
+	for time.Since(since) < quiet {
+		if time.Now().After(deadline) {
+			t.Fatalf("writes did not settle within %s", limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if n := store.OpCounts()["kv_txn_write"]; n != last {
+			last, since = n, time.Now()
+		}
+	}
+}
+
 func onlyKey(entries []*broker.Entry, key string) []*broker.Entry {
 	var out []*broker.Entry
 	for _, e := range entries {
