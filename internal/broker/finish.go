@@ -49,7 +49,7 @@ func (h *hold) finish(released bool) {
 			res, err = h.st.Txn(ctx, ops)
 		}
 		if err == nil {
-			h.b.noteRelease(ops, res)
+			h.noteRelease(ops, res)
 			h.destroy(ctx)
 			return
 		}
@@ -83,6 +83,9 @@ func (h *hold) finish(released bool) {
 // on a watch state older than the grant: it would skip the unlock, and
 // destroying a session that still holds a key starts Consul's lock-delay.
 func (h *hold) leaveState(ctx context.Context) (*State, error) {
+	if h.isRW() {
+		return h.rwLeaveState(ctx)
+	}
 	if h.sem {
 		return h.b.readState(ctx, h.spec.Key)
 	}
@@ -100,7 +103,7 @@ func (h *hold) finishOps(rec *record, st *State, released bool) ([]Op, error) {
 		return ops, nil
 	}
 	if h.sem {
-		leave, _, err := leaveOps(st, h.session)
+		leave, _, err := h.leaveOps(st)
 		return append(ops, leave...), err
 	}
 	// st is nil on the first attempt: the hold believes it holds.
@@ -161,7 +164,7 @@ func (h *hold) recycle(released bool) bool {
 	if err != nil {
 		return false
 	}
-	h.b.noteRelease(ops, res)
+	h.noteRelease(ops, res)
 	next.index, next.live = recordWritten(ops, res, h.session), true
 	return giveBack(next)
 }

@@ -70,8 +70,12 @@ type hold struct {
 	// change it); an unlock writes it back unchanged.
 	value []byte
 	// early is a read-write grant made with the contender's entry, not
-	// yet returned (rwlock.go).
-	early *Sequencer
+	// yet returned; rwBase the key's state after the hold's grant, which
+	// its release is built on; rwQuiet: that release saw no other
+	// contender (rwlock.go).
+	early   *Sequencer
+	rwBase  *State
+	rwQuiet bool
 }
 
 // Acquire runs one hold: it waits for the key, reports the grant, keeps the

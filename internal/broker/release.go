@@ -146,7 +146,7 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 		}
 		res, err := h.st.Txn(ctx, ops)
 		if err == nil {
-			h.b.noteRelease(ops, res)
+			h.noteRelease(ops, res)
 			next.index, next.live = recordWritten(ops, res, h.session), true
 			h.setRecord(next)
 			released = true
@@ -178,7 +178,7 @@ func (h *hold) releaseOps(st *State) (ops []Op, next *record, err error) {
 		if st == nil {
 			return nil, nil, newError(ErrUnavailable, ReasonConsulUnavailable, "state of %q not known yet; retry", h.spec.Key)
 		}
-		leave, _, err := leaveOps(st, h.session)
+		leave, _, err := h.leaveOps(st)
 		return append(ops, leave...), next, err
 	}
 	h.mu.Lock()

@@ -100,15 +100,15 @@ func (st *State) deriveRW() {
 func kindName(st *State) string {
 	switch st.Kind {
 	case KindLock:
-		return "a lock"
+		return "a lock (kind LOCK)"
 	case KindSemaphore:
-		return fmt.Sprintf("a semaphore (limit %d)", st.Limit)
+		return fmt.Sprintf("a semaphore (kind SEMAPHORE, limit %d)", st.Limit)
 	case KindRWLock:
-		return "a read-write lock"
+		return "a read-write lock (kind RWLOCK)"
 	case KindForeign:
-		return fmt.Sprintf("a key with foreign flags %#x", st.lock.Flags)
+		return fmt.Sprintf("a key with foreign flags %#x (kind FOREIGN)", st.lock.Flags)
 	}
-	return "nothing"
+	return "nothing (kind NONE)"
 }
 
 // rwConflict says why st cannot be used as a read-write lock.
@@ -134,7 +134,7 @@ func rwKindConflict(st *State, asked string) error {
 	if st.Kind != KindRWLock {
 		return nil
 	}
-	return newError(ErrConflict, ReasonLimitConflict, "key %q is a read-write lock; acquire it with kind READ or WRITE, not as %s", st.Key, asked).withState(st)
+	return newError(ErrConflict, ReasonLimitConflict, "key %q is %s; acquire it with kind READ or WRITE, not as %s", st.Key, kindName(st), asked).withState(st)
 }
 
 // rwAhead lists the live contenders ahead of session (lower CreateIndex,
@@ -204,9 +204,13 @@ func rwStateOps(st *State, body []byte) []Op {
 	} else {
 		ops = append(ops, Op{Verb: OpCAS, Key: key, Value: body, Flags: RWLockFlagValue, Index: st.lock.ModifyIndex})
 	}
-	if st.semLock == nil {
+	switch {
+	case st.lock != nil:
+		// The marker was written with K (a state from this replica's own
+		// release lists K alone: see noteRelease).
+	case st.semLock == nil:
 		ops = append(ops, Op{Verb: OpCAS, Key: key + semLockSuffix, Value: []byte(`{"ReadWrite":true}`), Flags: RWLockFlagValue, Index: 0})
-	} else {
+	default:
 		ops = append(ops, Op{Verb: OpCheckIndex, Key: key + semLockSuffix, Index: st.semLock.ModifyIndex})
 	}
 	return ops
@@ -243,6 +247,9 @@ func (h *hold) rwMode() string {
 // does not grant it writes nothing.
 func (h *hold) firstRW(ctx context.Context) (*State, error) {
 	st, _ := h.sub.state()
+	if k := h.b.hub.knownState(h.spec.Key); k != nil && (st == nil || st.lock == nil || k.lock.ModifyIndex > st.lock.ModifyIndex) {
+		st = k // this replica's own release, newer than the watch's listing
+	}
 	fresh := false
 	if st == nil {
 		st = &State{Key: h.spec.Key, Kind: KindNone} // not read yet: assume absent
@@ -348,22 +355,14 @@ func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
 	if k == nil || e == nil {
 		return nil, fmt.Errorf("consul returned no entry for %q", key)
 	}
-	entries := make([]*Entry, 0, len(st.entries)+2)
-	for _, x := range st.entries {
-		if x.Key != e.Key && x.Key != k.Key && !(st.semLock == nil && x.Key == key+semLockSuffix) {
-			entries = append(entries, x)
-		}
-	}
-	entries = append(entries, k, e)
-	if st.semLock == nil && res[1] != nil {
-		entries = append(entries, res[1])
-	}
-	out := deriveState(key, under(key, entries), max(st.Index, k.ModifyIndex))
+	out := afterTxn(st, ops, res)
 	if grant {
 		next.index, next.live = k.ModifyIndex, true
 		h.setRecord(next)
+		h.b.hub.known.forget(key)
 		h.mu.Lock()
 		h.early = &Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: k.ModifyIndex, Kind: KindRWLock, Read: h.spec.Mode == ModeRead}
+		h.rwBase = out
 		h.mu.Unlock()
 	}
 	return out, nil
@@ -434,6 +433,10 @@ func (h *hold) tryRW(ctx context.Context, st *State, fresh bool) (*Sequencer, er
 	}
 	next.index, next.live = res[casAt].ModifyIndex, true
 	h.setRecord(next)
+	h.b.hub.known.forget(key)
+	h.mu.Lock()
+	h.rwBase = afterTxn(st, ops, res)
+	h.mu.Unlock()
 	return &Sequencer{Key: key, Session: h.session, LockIndex: me.LockIndex, Token: res[casAt].ModifyIndex, Kind: KindRWLock, Read: h.spec.Mode == ModeRead}, nil
 }
 
@@ -455,6 +458,8 @@ func (h *hold) rwTurn(st *State) bool {
 // rwLoss says whether st shows the read-write hold seq lost.
 func rwLoss(st *State, seq Sequencer) (lost bool, reason LostReason, detail string) {
 	switch {
+	case st.Kind == KindNone:
+		return true, LostDeletedByOther, "the read-write lock's entries were deleted"
 	case st.Kind != KindRWLock || st.rwErr != nil:
 		return true, LostLimitConflict, "the key is no longer a read-write lock's"
 	case st.lock == nil:
@@ -544,5 +549,93 @@ func rwReads(st *State, out map[string]bool) {
 	}
 	for sid, c := range st.contenders {
 		out[st.Key+"\x00"+sid] = c.Flags == RWReadFlagValue
+	}
+}
+
+// afterTxn is st as a committed transaction of ops (res, its answer)
+// left it: entries written replaced, entries deleted gone.
+func afterTxn(st *State, ops []Op, res []*Entry) *State {
+	byKey := make(map[string]*Entry, len(st.entries)+len(ops))
+	for _, e := range st.entries {
+		byKey[e.Key] = e
+	}
+	index := st.Index
+	for i, op := range ops {
+		switch op.Verb {
+		case OpDelete, OpDeleteCAS:
+			delete(byKey, op.Key)
+		case OpCAS, OpLock, OpUnlock, OpSet:
+			if i < len(res) && res[i] != nil {
+				e := *res[i]
+				if e.Value == nil && op.Verb != OpUnlock {
+					e.Value = op.Value // Consul answers a write without its value
+				}
+				byKey[op.Key] = &e
+				index = max(index, e.ModifyIndex)
+			}
+		}
+	}
+	entries := make([]*Entry, 0, len(byKey))
+	for _, e := range byKey {
+		entries = append(entries, e)
+	}
+	return deriveState(st.Key, under(st.Key, entries), index)
+}
+
+// rwLeaveState is the state a read-write hold's release is built on: the
+// state its grant left, when nothing newer is known (a check-and-set of K
+// on it fails if anything changed, and the release reads the key then);
+// a consistent read otherwise (a resumed hold).
+func (h *hold) rwLeaveState(ctx context.Context) (*State, error) {
+	h.mu.Lock()
+	base := h.rwBase
+	h.mu.Unlock()
+	if base != nil {
+		return base, nil
+	}
+	return h.b.readState(ctx, h.spec.Key)
+}
+
+// leaveOps is leaveOps for the hold, noting for a read-write lock whether
+// st shows another contender (see noteRelease).
+func (h *hold) leaveOps(st *State) ([]Op, bool, error) {
+	if h.isRW() {
+		quiet := true
+		for sid := range st.contenders {
+			quiet = quiet && sid == h.session
+		}
+		h.mu.Lock()
+		h.rwQuiet = quiet
+		h.mu.Unlock()
+	}
+	return leaveOps(st, h.session)
+}
+
+// noteRelease is Broker.noteRelease; for a read-write lock whose release
+// found no other contender, K as the release left it is remembered
+// (hub.known), so that the next request of this replica on the key is
+// granted in one transaction even before a watch lists the key. That is
+// safe: every arrival writes K, so K still at that index means nobody is
+// there yet; anything else costs a failed check-and-set and a read.
+func (h *hold) noteRelease(ops []Op, res []*Entry) {
+	h.b.noteRelease(ops, res)
+	if !h.isRW() {
+		return
+	}
+	key := h.spec.Key
+	for i, op := range ops {
+		if op.Verb != OpCAS || op.Key != key || op.Flags != RWLockFlagValue {
+			continue // (a finish after a Release writes only the record)
+		}
+		h.mu.Lock()
+		quiet := h.rwQuiet
+		h.rwBase = nil
+		h.mu.Unlock()
+		if quiet && i < len(res) && res[i] != nil {
+			h.b.hub.known.put(res[i])
+		} else {
+			h.b.hub.known.forget(key)
+		}
+		return
 	}
 }

@@ -365,13 +365,13 @@ func TestRWKindConflicts(t *testing.T) {
 		s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
 		err := s.end(10 * time.Second)
 		requireReason(t, err, codes.FailedPrecondition, "LIMIT_CONFLICT")
-		assert.Contains(t, status.Convert(err).Message(), "read-write lock")
+		assert.Contains(t, status.Convert(err).Message(), "read-write lock (kind RWLOCK)")
 	})
 	t.Run("broker semaphore on a read-write lock", func(t *testing.T) {
 		s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Limit: 3, Session: fast()})
 		err := s.end(10 * time.Second)
 		requireReason(t, err, codes.FailedPrecondition, "LIMIT_CONFLICT")
-		assert.Contains(t, status.Convert(err).Message(), "read-write lock")
+		assert.Contains(t, status.Convert(err).Message(), "read-write lock (kind RWLOCK)")
 	})
 
 	// Nothing the refused requests did is left, but for api.Semaphore's
@@ -403,7 +403,7 @@ func TestRWKindConflicts(t *testing.T) {
 	for _, tt := range []struct {
 		key, kind string
 		read      bool
-	}{{"rw/plain", "lock", true}, {"rw/plain", "lock", false}, {"rw/sem", "semaphore", true}, {"rw/sem", "semaphore", false}} {
+	}{{"rw/plain", "kind LOCK", true}, {"rw/plain", "kind LOCK", false}, {"rw/sem", "kind SEMAPHORE", true}, {"rw/sem", "kind SEMAPHORE", false}} {
 		s := acquire(t, c, rwReq(tt.key, tt.read, "x"))
 		err := s.end(10 * time.Second)
 		requireReason(t, err, codes.FailedPrecondition, "LIMIT_CONFLICT")
@@ -494,4 +494,41 @@ func TestRWTryAcquireClientSessions(t *testing.T) {
 	require.Equal(t, codes.Aborted, status.Code(err), "%v", err)
 	var se interface{ GRPCStatus() *status.Status }
 	require.True(t, errors.As(err, &se))
+}
+
+// A writer whose wait times out, and one whose client goes away, leave
+// the queue: the reader behind them is granted beside the reader that
+// holds, and no entry of theirs is left in Consul.
+func TestRWWaitersThatLeave(t *testing.T) {
+	agent := consultest.Start(t)
+	r := brokertest.Start(t, agent)
+	c := r.Locks(t)
+	consul := agent.Client()
+	key := "rw/leave"
+
+	_, r1 := rwHold(t, c, key, true, "r1")
+	req := rwReq(key, false, "w1")
+	req.WaitTimeout = dur(300 * time.Millisecond)
+	w1 := acquire(t, c, req)
+	var w1session string
+	ev := w1.next(5*time.Second, isQueued)
+	w1session = ev.GetQueued().GetSessionId()
+	require.NotEmpty(t, w1session)
+	err := w1.end(10 * time.Second)
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+
+	w2 := rwQueued(t, c, key, false, "w2")
+	r2 := rwQueued(t, c, key, true, "r2")
+	awaitPosition(t, r2, 2)
+	w2.cancel()
+	a := r2.acquired(10 * time.Second).GetSequencer()
+	assert.True(t, a.GetRead())
+	assert.Greater(t, a.GetToken(), r1.GetToken())
+	st := lkGetLock(t, c, key)
+	require.Len(t, st.GetHolders(), 2, "the two readers share")
+
+	require.Eventually(t, func() bool {
+		kv, _, err := consul.KV().Get(key+"/"+w1session, &api.QueryOptions{RequireConsistent: true})
+		return err == nil && kv == nil
+	}, 10*time.Second, 50*time.Millisecond, "the timed-out writer's entry is gone")
 }

@@ -1,0 +1,125 @@
+package broker
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// rwListing builds a read-write lock's entries at key "k": holders (by
+// session, "r" or "w") in K, and contenders with their mode and
+// CreateIndex; a contender whose session is "" is dead.
+type rwContender struct {
+	sid, mode string
+	ci        uint64
+	dead      bool
+}
+
+func rwListing(t *testing.T, holders map[string]string, cs ...rwContender) *State {
+	t.Helper()
+	body, err := json.Marshal(rwBody{Holders: holders})
+	require.NoError(t, err)
+	entries := []*Entry{
+		{Key: "k", Value: body, Flags: RWLockFlagValue, CreateIndex: 1, ModifyIndex: 100},
+		{Key: "k/.lock", Flags: RWLockFlagValue, CreateIndex: 1, ModifyIndex: 1},
+	}
+	for _, c := range cs {
+		flags := RWReadFlagValue
+		if c.mode == "w" {
+			flags = RWWriteFlagValue
+		}
+		sess := c.sid
+		if c.dead {
+			sess = ""
+		}
+		entries = append(entries, &Entry{Key: "k/" + c.sid, Flags: flags, Session: sess, CreateIndex: c.ci, ModifyIndex: c.ci, LockIndex: 1})
+	}
+	return deriveState("k", entries, 100)
+}
+
+func TestRWGrantRule(t *testing.T) {
+	tests := []struct {
+		name    string
+		holders map[string]string
+		cs      []rwContender
+		who     string // the contender asking ("" : a newcomer)
+		write   bool
+		want    bool
+	}{
+		{name: "free key, reader", write: false, want: true},
+		{name: "free key, writer", write: true, want: true},
+		{name: "readers hold, reader joins", holders: map[string]string{"a": "r"}, cs: []rwContender{{"a", "r", 10, false}}, want: true},
+		{name: "readers hold, writer waits", holders: map[string]string{"a": "r"}, cs: []rwContender{{"a", "r", 10, false}}, write: true, want: false},
+		{name: "writer holds, reader waits", holders: map[string]string{"a": "w"}, cs: []rwContender{{"a", "w", 10, false}}, want: false},
+		{name: "reader behind a waiting writer waits", holders: map[string]string{"a": "r"},
+			cs: []rwContender{{"a", "r", 10, false}, {"w", "w", 11, false}}, want: false},
+		{name: "readers at the head after the writer left, second one", holders: map[string]string{},
+			cs: []rwContender{{"r1", "r", 11, false}, {"r2", "r", 12, false}}, who: "r2", want: true},
+		{name: "writer behind waiting readers waits", cs: []rwContender{{"r1", "r", 11, false}}, who: "", write: true, want: false},
+		{name: "a dead writer ahead is skipped", holders: map[string]string{"a": "r"},
+			cs: []rwContender{{"a", "r", 10, false}, {"w", "w", 11, true}}, want: true},
+		{name: "a dead holder does not hold", holders: map[string]string{"a": "w"},
+			cs: []rwContender{{"a", "w", 10, true}}, write: true, want: true},
+		{name: "writer at the head with nobody holding", holders: map[string]string{"gone": "r"},
+			cs: []rwContender{{"w", "w", 11, false}, {"r", "r", 12, false}}, who: "w", write: true, want: true},
+		{name: "reader behind that writer", cs: []rwContender{{"w", "w", 11, false}, {"r", "r", 12, false}}, who: "r", want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := rwListing(t, tt.holders, tt.cs...)
+			require.Equal(t, KindRWLock, st.Kind)
+			var me *Entry
+			if tt.who != "" {
+				me = st.contenders[tt.who]
+				require.NotNil(t, me)
+			}
+			assert.Equal(t, tt.want, rwGrantable(st, tt.who, tt.write, me))
+		})
+	}
+}
+
+func TestRWDeriveAndConflicts(t *testing.T) {
+	st := rwListing(t, map[string]string{"a": "r", "b": "r", "gone": "w"},
+		rwContender{"a", "r", 10, false}, rwContender{"b", "r", 12, false}, rwContender{"c", "w", 13, false}, rwContender{"gone", "w", 9, true})
+	require.Equal(t, KindRWLock, st.Kind)
+	require.Len(t, st.Holders, 2, "a dead holder is not a holder")
+	assert.Equal(t, "a", st.Holders[0].Session)
+	assert.True(t, st.Holders[0].Read && st.Holders[1].Read)
+	assert.Equal(t, 1, st.Waiting)
+
+	// Kind conflicts both ways.
+	require.ErrorIs(t, lockConflict(st), ErrConflict)
+	require.ErrorIs(t, semaphoreConflict(st, 3), ErrConflict)
+	lock := deriveState("k", []*Entry{{Key: "k", Flags: LockFlagValue, Session: "s", ModifyIndex: 5}}, 5)
+	sem := deriveState("k", []*Entry{{Key: "k/.lock", Flags: SemaphoreFlagValue, Value: []byte(`{"Limit":2,"Holders":{}}`), ModifyIndex: 5}}, 5)
+	for _, other := range []*State{lock, sem} {
+		err := rwConflict(other)
+		r, _ := ReasonOf(err)
+		assert.Equal(t, ReasonLimitConflict, r, "%v", err)
+	}
+	assert.Contains(t, rwConflict(lock).Error(), "kind LOCK")
+	assert.Contains(t, rwConflict(sem).Error(), "kind SEMAPHORE")
+	assert.Contains(t, lockConflict(st).Error(), "kind RWLOCK")
+
+	// Leaving drops the holder from K by check-and-set and deletes its
+	// entry and the dead one.
+	ops, held, err := rwLeaveOps(st, "a")
+	require.NoError(t, err)
+	assert.True(t, held)
+	require.GreaterOrEqual(t, len(ops), 3)
+	assert.Equal(t, OpCAS, ops[0].Verb)
+	assert.EqualValues(t, 100, ops[0].Index)
+	var body rwBody
+	require.NoError(t, json.Unmarshal(ops[0].Value, &body))
+	assert.Equal(t, map[string]string{"b": "r"}, body.Holders)
+	assert.Equal(t, Op{Verb: OpDeleteCAS, Key: "k/a", Index: 10}, ops[1])
+	assert.Equal(t, Op{Verb: OpDeleteCAS, Key: "k/gone", Index: 9}, ops[2])
+
+	// A malformed state is refused, not used.
+	bad := deriveState("k", []*Entry{{Key: "k", Flags: RWLockFlagValue, Value: []byte("nope"), ModifyIndex: 3}}, 3)
+	assert.ErrorIs(t, rwConflict(bad), ErrConflict)
+	lost, _, _ := rwLoss(bad, Sequencer{Key: "k", Session: "a", Kind: KindRWLock})
+	assert.True(t, lost)
+}
