@@ -64,6 +64,11 @@ type multiHold struct {
 	lostKey string      // the key whose loss ended the hold
 }
 
+// maxMultiValue bounds the values one multi-key grant writes, every key's
+// together (the value limit of a single-key grant): the transaction must
+// fit Consul's default txn_max_req_len (512 KiB, values in base64).
+const maxMultiValue = 262144
+
 // acquireMulti runs a multi-key hold, as Acquire runs one of one key.
 func (b *Broker) acquireMulti(ctx context.Context, spec *AcquireSpec, send func(Event) error) error {
 	m, err := b.beginMulti(ctx, spec, send)
@@ -83,6 +88,8 @@ func checkMulti(spec *AcquireSpec) error {
 		return invalid("keys", "a multi-key lock takes locks only (no semaphore, read or write kind)")
 	case len(keys) > MaxTxnOps/2:
 		return invalid("keys", "at most %d keys with `key`, got %d", MaxTxnOps/2-1, len(spec.Keys))
+	case len(spec.Value)*len(keys) > maxMultiValue:
+		return invalid("value", "with %d keys at most %d bytes (every key gets the value, in one transaction), got %d", len(keys), maxMultiValue/len(keys), len(spec.Value))
 	case spec.SessionID != "":
 		return invalid("keys", "a multi-key lock needs a session of the broker's own: session_id cannot have keys")
 	}
@@ -143,9 +150,18 @@ func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Ev
 	}
 	if err != nil {
 		h.life.End(Outcome{Kind: OutcomeFailed})
-		if !resumed {
-			m.abandon(seqs != nil)
+		if resumed {
+			return nil, err // not ours: the replica that granted it keeps it
 		}
+		if r, _ := ReasonOf(err); r == ReasonConsulUnavailable || r == ReasonReplicaCutOff || r == ReasonBrokerShuttingDown {
+			// Consul may not answer here: the client learns it now and
+			// may go to another replica (where the wait starts anew); the
+			// clean-up follows, bounded by cleanupContext.
+			b.holds.Add(1)
+			go func() { defer b.holds.Done(); m.abandon(seqs != nil) }()
+			return nil, err
+		}
+		m.abandon(seqs != nil)
 		return nil, err
 	}
 	b.registerMulti(m)

@@ -13,6 +13,11 @@ import (
 // transaction has at most broker.MaxTxnOps (128).
 const maxMultiKeys = 64
 
+// maxMultiValue bounds the values a multi-key grant writes, all keys
+// together: the one value limit (256 KiB) of a single-key grant, so that
+// the transaction fits Consul's default txn_max_req_len (512 KiB).
+const maxMultiValue = 262144
+
 // checkMultiKey refuses what a multi-key lock (AcquireRequest.keys) cannot
 // be, naming `keys`: protovalidate checked each key's syntax, their count
 // and that they are distinct (the interceptor runs first); this checks
@@ -33,6 +38,9 @@ func checkMultiKey(req *lockbrokerv1.AcquireRequest) error {
 		return refuse("a multi-key lock takes locks only; limit %d (a semaphore) cannot have keys", req.GetLimit())
 	case len(keys)+1 > maxMultiKeys:
 		return refuse("at most %d keys with `key`, got %d", maxMultiKeys-1, len(keys))
+	case len(req.GetValue())*(len(keys)+1) > maxMultiValue:
+		return &broker.Error{Kind: broker.ErrInvalid, Reason: broker.ReasonInvalidArgument, Field: "value",
+			Msg: fmt.Sprintf("value: with %d keys at most %d bytes (every key gets the value, in one transaction of at most %d bytes of values), got %d", len(keys)+1, maxMultiValue/(len(keys)+1), maxMultiValue, len(req.GetValue()))}
 	case req.GetSessionId() != "":
 		return refuse("a multi-key lock needs a session of the broker's own (new_session, or none): session_id cannot have keys")
 	}

@@ -25,16 +25,18 @@ import (
 // nothing in one Consul transaction, against a real Consul agent and
 // broker processes.
 
-// twoReplicas starts two broker processes on one agent.
+// twoReplicas starts two broker replicas on one agent: the first in this
+// process (so that -race watches the broker's own goroutines), the
+// second a broker process.
 func twoReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClient) {
 	t.Helper()
 	agent := consultest.Start(t)
-	var cs []lockbrokerv1.LockServiceClient
-	for range 2 {
-		p := brokertest.StartProcess(t, agent)
-		cs = append(cs, lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr)))
+	r := brokertest.Start(t, agent)
+	p := brokertest.StartProcess(t, agent)
+	return agent, []lockbrokerv1.LockServiceClient{
+		lockbrokerv1.NewLockServiceClient(lkDial(t, r.Addr)),
+		lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr)),
 	}
-	return agent, cs
 }
 
 // mkKeys is n keys under prefix.
@@ -292,8 +294,9 @@ func TestMultiKeyResumeOnOtherReplica(t *testing.T) {
 }
 
 // Multi-key requests on overlapping keys, in opposite orders, from
-// several clients over two replicas: all are granted (no deadlock), and
-// no two holders ever overlap.
+// several clients over two replicas: all are granted (no deadlock), no
+// two holders ever overlap, and Consul, polled throughout (one consistent
+// listing at a time), never shows a session holding part of its keys.
 func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 	agent, cs := twoReplicas(t)
 	cc := agent.Client()
@@ -314,6 +317,37 @@ func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	polled, partial := 0, 0
+	pollStop := make(chan struct{})
+	var poller sync.WaitGroup
+	poller.Go(func() {
+		for {
+			select {
+			case <-pollStop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			kvs, _, err := cc.KV().List("multi/dl/", &api.QueryOptions{RequireConsistent: true})
+			if err != nil {
+				continue
+			}
+			bySession := map[string][]string{}
+			for _, kv := range kvs {
+				if kv.Session != "" && !strings.Contains(kv.Key, "/.queue") {
+					bySession[kv.Session] = append(bySession[kv.Session], kv.Key)
+				}
+			}
+			polled++
+			for s, held := range bySession {
+				if !slices.ContainsFunc(sets, func(set []string) bool {
+					return len(set) == len(held) && !slices.ContainsFunc(set, func(k string) bool { return !slices.Contains(held, k) })
+				}) {
+					partial++
+					t.Errorf("session %s holds %v: not one request's whole set", s, held)
+				}
+			}
+		}
+	})
 	var wg sync.WaitGroup
 	for i, set := range sets {
 		c := cs[i%2]
@@ -361,6 +395,9 @@ func TestMultiKeyOverlappingNoDeadlock(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	close(pollStop)
+	poller.Wait()
+	t.Logf("%d grants; %d consistent listings of Consul, %d with a partial hold", grants, polled, partial)
 	require.NoError(t, ctx.Err(), "every request was granted within the bound")
 	assert.Equal(t, len(sets)*rounds, grants)
 	require.Eventually(t, func() bool { return len(freeKeys(t, cc, all)) == len(all) }, 5*time.Second, 50*time.Millisecond)
@@ -411,6 +448,7 @@ func TestMultiKeyInvalid(t *testing.T) {
 		{"key repeated in keys", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "b"}}, "keys"},
 		{"keys repeats key", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "a"}}, "keys"},
 		{"64 in keys", &lockbrokerv1.AcquireRequest{Key: many[0], Keys: many[1:]}, "keys"},
+		{"values too large together", &lockbrokerv1.AcquireRequest{Key: many[0], Keys: many[1:63], Value: make([]byte, 8192)}, "value"},
 		{"bad key syntax", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b", "/c"}}, "keys"},
 		{"client session", &lockbrokerv1.AcquireRequest{Key: "a", Keys: []string{"b"}, Session: &lockbrokerv1.AcquireRequest_SessionId{SessionId: "8c2a94e1-7a8f-4d3c-9a43-3f3d4a7a1b2c"}}, "keys"},
 	} {
@@ -492,4 +530,30 @@ func TestMultiKeyListHoldsAndPerKeyCalls(t *testing.T) {
 	m.cancel()
 	wa := w.acquired(10 * time.Second)
 	require.Len(t, wa.GetSequencers(), 2)
+}
+
+// Keys may nest and span prefixes; a key that is something other than a
+// lock (a semaphore prefix, a foreign entry) refuses the whole request
+// with FAILED_PRECONDITION naming it, and nothing is taken.
+func TestMultiKeyNestedAndConflictingKeys(t *testing.T) {
+	agent, cs := twoReplicas(t)
+	cc := agent.Client()
+	nested := []string{"multi/nest/a", "multi/nest/a/b", "other/prefix/c"}
+	m := acquire(t, cs[0], multiReq(nested, "v"))
+	requireGrant(t, cc, m.acquired(10*time.Second), nested)
+	m.cancel()
+	require.Eventually(t, func() bool { return len(freeKeys(t, cc, nested)) == 3 }, 5*time.Second, 50*time.Millisecond)
+
+	sem := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: "multi/conflict/sem", Limit: 3, Session: fast()})
+	sem.acquired(10 * time.Second)
+	_, err := cc.KV().Put(&api.KVPair{Key: "multi/conflict/foreign", Value: []byte("x"), Flags: 42}, nil)
+	require.NoError(t, err)
+	for _, bad := range []string{"multi/conflict/sem", "multi/conflict/foreign"} {
+		keys := []string{"multi/conflict/a", bad, "multi/conflict/b"}
+		s := acquire(t, cs[0], multiReq(keys, "v"))
+		err := s.end(10 * time.Second)
+		require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+		assert.Contains(t, status.Convert(err).Message(), bad)
+		assert.Len(t, freeKeys(t, cc, []string{"multi/conflict/a", "multi/conflict/b"}), 2)
+	}
 }

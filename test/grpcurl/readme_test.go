@@ -103,6 +103,41 @@ func TestReadmeGrpcurl(t *testing.T) {
 		}
 	})
 
+	// The "Multi-key locks" blocks: three keys granted together, and
+	// released together through the last one.
+	t.Run("MultiKey", func(t *testing.T) {
+		p := sh.start(t, "exec "+readme.Block(t, "grpcurl-multi"))
+		var sid string
+		var token uint64
+		require.Eventually(t, func() bool {
+			out := p.out.String()
+			s, k := sessionRE.FindStringSubmatch(out), tokenRE.FindStringSubmatch(out)
+			if !strings.Contains(out, `"sequencers"`) || s == nil || k == nil {
+				return false
+			}
+			sid = s[1]
+			_, err := fmt.Sscan(k[1], &token)
+			return err == nil
+		}, 10*time.Second, 20*time.Millisecond, "no acquired event: %s", p.out.String())
+		assert.Equal(t, 4, strings.Count(p.out.String(), `"key": "demo/`), "the sequencer, then one sequencer per key: %s", p.out.String())
+		for _, k := range []string{"demo/orders", "demo/stock", "demo/ledger"} {
+			assert.Equal(t, sid, holder(t, locks, k), "%s is held by the one session", k)
+		}
+		release := sampleRE.ReplaceAllString(readme.Block(t, "grpcurl-multi-release"), fmt.Sprintf("SID=%s TOKEN=%d", sid, token))
+		out, err := sh.run(t, release)
+		require.NoError(t, err, out)
+		assert.Contains(t, out, `"released": true`)
+		for _, k := range []string{"demo/orders", "demo/stock", "demo/ledger"} {
+			assert.Empty(t, holder(t, locks, k), "%s is free after the Release", k)
+		}
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("grpcurl still running 10 s after the Release")
+		}
+		assert.Contains(t, p.out.String(), `"released"`)
+	})
+
 	t.Run("Cron", func(t *testing.T) {
 		out, err := sh.run(t, "set -e\n"+readme.Block(t, "grpcurl-cron")) // every command must succeed
 		require.NoError(t, err, out)
