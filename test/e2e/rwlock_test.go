@@ -78,7 +78,9 @@ func rwRelease(t *testing.T, c lockbrokerv1.LockServiceClient, s *stream, seq *l
 	s.next(5*time.Second, lkIsReleased)
 }
 
-func twoReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClient, lockbrokerv1.AdminServiceClient) {
+// rwReplicas starts two broker processes on one agent, with an admin
+// client of the first.
+func rwReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClient, lockbrokerv1.AdminServiceClient) {
 	t.Helper()
 	agent := consultest.Start(t)
 	var cs []lockbrokerv1.LockServiceClient
@@ -98,7 +100,7 @@ func twoReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceCli
 // writer's token is above both readers'. GetLock, Watch, ListHolds and
 // CheckSequencer show it all.
 func TestRWReadersShareWriterExcludes(t *testing.T) {
-	_, cs, admin := twoReplicas(t)
+	_, cs, admin := rwReplicas(t)
 	key := "rw/share"
 
 	watchCtx, stopWatch := context.WithTimeout(context.Background(), time.Minute)
@@ -191,7 +193,7 @@ func TestRWReadersShareWriterExcludes(t *testing.T) {
 // and are granted in arrival order, batch by batch: consecutive readers
 // together, each writer alone. Repeated.
 func TestRWArrivalOrderAcrossReplicas(t *testing.T) {
-	_, cs, _ := twoReplicas(t)
+	_, cs, _ := rwReplicas(t)
 	reps := 4
 	if lkRace {
 		reps = 2
