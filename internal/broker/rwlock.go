@@ -466,6 +466,11 @@ func rwLoss(st *State, seq Sequencer) (lost bool, reason LostReason, detail stri
 		return true, LostDeletedByOther, "the read-write lock's state key was deleted"
 	}
 	c, ok := st.contenders[seq.Session]
+	if (!ok || c.LockIndex != seq.LockIndex) && st.rw != nil && st.rw.Holders[seq.Session] == "" {
+		// Taken off the holders and its entry deleted, in one write: a
+		// ForceRelease.
+		return true, LostReleasedByOther, "this holder was removed from the read-write lock's holders"
+	}
 	if !ok || c.LockIndex != seq.LockIndex {
 		return true, LostDeletedByOther, "the contender entry was deleted or released"
 	}

@@ -78,21 +78,17 @@ func rwRelease(t *testing.T, c lockbrokerv1.LockServiceClient, s *stream, seq *l
 	s.next(5*time.Second, lkIsReleased)
 }
 
-// rwReplicas starts two broker processes on one agent, with an admin
-// client of the first.
-func rwReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClient, lockbrokerv1.AdminServiceClient) {
+// rwTwoReplicas starts two broker replicas on one agent: one in this
+// process (so that -race sees the broker) and one broker process. It
+// returns a LockService client of each and an AdminService client of the
+// first.
+func rwTwoReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClient, lockbrokerv1.AdminServiceClient) {
 	t.Helper()
 	agent := consultest.Start(t)
-	var cs []lockbrokerv1.LockServiceClient
-	var admin lockbrokerv1.AdminServiceClient
-	for i := range 2 {
-		conn := lkDial(t, brokertest.StartProcess(t, agent).Addr)
-		cs = append(cs, lockbrokerv1.NewLockServiceClient(conn))
-		if i == 0 {
-			admin = lockbrokerv1.NewAdminServiceClient(conn)
-		}
-	}
-	return agent, cs, admin
+	local := brokertest.Start(t, agent)
+	remote := lkDial(t, brokertest.StartProcess(t, agent).Addr)
+	cs := []lockbrokerv1.LockServiceClient{local.Locks(t), lockbrokerv1.NewLockServiceClient(remote)}
+	return agent, cs, lockbrokerv1.NewAdminServiceClient(local.Conn(t))
 }
 
 // Two readers on two replicas share the key; a writer waits for both,
@@ -100,7 +96,7 @@ func rwReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClie
 // writer's token is above both readers'. GetLock, Watch, ListHolds and
 // CheckSequencer show it all.
 func TestRWReadersShareWriterExcludes(t *testing.T) {
-	_, cs, admin := rwReplicas(t)
+	_, cs, admin := rwTwoReplicas(t)
 	key := "rw/share"
 
 	watchCtx, stopWatch := context.WithTimeout(context.Background(), time.Minute)
@@ -193,7 +189,7 @@ func TestRWReadersShareWriterExcludes(t *testing.T) {
 // and are granted in arrival order, batch by batch: consecutive readers
 // together, each writer alone. Repeated.
 func TestRWArrivalOrderAcrossReplicas(t *testing.T) {
-	_, cs, _ := rwReplicas(t)
+	_, cs, _ := rwTwoReplicas(t)
 	reps := 4
 	if lkRace {
 		reps = 2
@@ -291,8 +287,10 @@ func TestRWLoss(t *testing.T) {
 	resp, err := admin.ForceRelease(lkCtx(t), &lockbrokerv1.ForceReleaseRequest{Key: key})
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, resp.GetReleased())
-	lostWithin(a, time.Second)
-	lostWithin(b, time.Second)
+	for _, s := range []*stream{a, b} {
+		lost := lostWithin(s, time.Second)
+		assert.Equal(t, lockbrokerv1.LostReason_LOST_REASON_RELEASED_BY_OTHER, lost.GetReason(), "%v", lost)
+	}
 	// A writer gets the key next, above every earlier token.
 	_, ws := rwHold(t, c, key, false, "w2")
 	assert.Greater(t, ws.GetToken(), wseq.GetToken())
@@ -474,6 +472,17 @@ func TestRWTryAcquireClientSessions(t *testing.T) {
 	kv, _, err := agent.Client().KV().Get(key+"/"+w, &api.QueryOptions{RequireConsistent: true})
 	require.NoError(t, err)
 	assert.Nil(t, kv, "a refused try writes no entry")
+	// A reader changes its value; its grant stays the same.
+	sv, err := c.SetValue(lkCtx(t), &lockbrokerv1.SetValueRequest{Key: key, SessionId: a, Value: []byte("a2"), Token: sa.GetToken()})
+	require.NoError(t, err)
+	assert.Equal(t, sa.GetToken(), sv.GetSequencer().GetToken())
+	assert.True(t, sv.GetSequencer().GetRead())
+	for _, h := range lkGetLock(t, c, key).GetHolders() {
+		if h.GetSessionId() == a {
+			assert.Equal(t, "a2", string(h.GetValue()))
+			assert.Equal(t, sa.GetToken(), h.GetToken())
+		}
+	}
 	// Asking again with the same session: the same grant.
 	again, err := try(a, read)
 	require.NoError(t, err)
