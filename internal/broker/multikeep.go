@@ -361,6 +361,9 @@ func (m *multiHold) release(ctx context.Context, key string, token uint64) (bool
 			}
 			next.index, next.live = recordWritten(ops, res, h.session), true
 			h.setRecord(next)
+			for _, k := range m.keys { // a retry through any key is answered OK
+				h.b.noteReleased(k, h.session)
+			}
 			released = true
 			return true, nil, true
 		}
@@ -433,6 +436,9 @@ func (b *Broker) releaseMultiRemote(ctx context.Context, rec *record, key, sessi
 		}
 		if err != nil {
 			return false, err
+		}
+		for _, k := range rec.Keys { // a retry through any key is answered OK
+			b.noteReleased(k, session)
 		}
 		return true, nil
 	}

@@ -605,11 +605,29 @@ func (m *multiHold) enqueue(ctx context.Context, sts []*State) error {
 		}
 		ops = append(ops, Op{Verb: OpLock, Key: ticketKey(key, h.session), Value: []byte(h.b.id), Flags: QueueFlagValue, Session: h.session}, guard)
 	}
+	// The session's record goes with it when it fits (up to 63 keys),
+	// naming the keys the request waits for: what ListHolds on any
+	// replica lists it with.
+	recAt := -1
+	var next *record
+	rec := h.record()
+	next = rec.next()
+	next.Waiting, next.Keys = m.keys[0], m.keys
+	if recOps := rec.writeOps(next); len(ops)+len(recOps) <= MaxTxnOps {
+		recAt = len(ops)
+		ops = append(ops, recOps...)
+	} else {
+		next = nil
+	}
 	m.ticketTried = true
 	h.enqueued = true
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
-		return h.txnFailure(ctx, err, -1)
+		return h.txnFailure(ctx, err, recAt)
+	}
+	if next != nil {
+		next.index, next.live = recordWritten(ops, res, h.session), true
+		h.setRecord(next)
 	}
 	for i, key := range m.keys {
 		t := res[2*i]

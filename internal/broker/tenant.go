@@ -171,6 +171,7 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 	var out []HoldInfo
 	queues := map[string]bool{} // keys whose queues to list
 	tenants := map[string]string{}
+	multi := map[string][]string{} // a multi-key request's keys, by session
 	for _, e := range entries {
 		rec := decodeRecord(strings.TrimPrefix(e.Key, recordPrefix), e)
 		if !rec.live {
@@ -179,6 +180,14 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 		tenants[rec.session] = rec.Tenant
 		if rec.Waiting != "" && strings.HasPrefix(rec.Waiting, prefix) {
 			queues[rec.Waiting] = true
+		}
+		if len(rec.Keys) > 1 {
+			multi[rec.session] = rec.Keys
+			for _, k := range rec.Keys {
+				if rec.Waiting != "" && strings.HasPrefix(k, prefix) {
+					queues[k] = true // a multi-key waiter waits for each
+				}
+			}
 		}
 		for key := range rec.Holds {
 			if strings.HasPrefix(key, prefix) {
@@ -208,6 +217,9 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 	if err != nil {
 		return nil, err
 	}
+	for i, w := range waiters {
+		waiters[i].WithKeys = withKeys(multi[w.Session], w.Key)
+	}
 	// This replica's waiters: when each request came, and those with no
 	// place in the queue yet.
 	mine := make(map[string]*HoldInfo, len(local))
@@ -216,7 +228,10 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 	}
 	for i, w := range waiters {
 		if l := mine[w.Key+"\x00"+w.Session]; l != nil {
-			waiters[i].Since, waiters[i].WithKeys = l.Since, l.WithKeys
+			waiters[i].Since = l.Since
+			if waiters[i].WithKeys == nil {
+				waiters[i].WithKeys = l.WithKeys
+			}
 			delete(mine, w.Key+"\x00"+w.Session)
 		}
 	}

@@ -311,6 +311,22 @@ func requestSeeds() []requestSeed {
 	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/resume", Session: &lockbrokerv1.AcquireRequest_Resume{
 		Resume: &lockbrokerv1.Sequencer{Key: "other", SessionId: uuid, Token: 7}}})
 	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/kind", Kind: lockbrokerv1.AcquireKind(99)})
+	// Multi-key locks (AcquireRequest.keys): a valid one, and each refusal.
+	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/m1", Keys: []string{"fuzz/m2", "other/m3"}, WaitTimeout: durationpb.New(0)})
+	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/m1", Keys: []string{"fuzz/m2", "fuzz/m2"}, WaitTimeout: durationpb.New(0)})
+	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/m1", Keys: []string{"fuzz/m1"}, WaitTimeout: durationpb.New(0)})
+	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/m1", Keys: []string{"a//b", ""}, WaitTimeout: durationpb.New(0)})
+	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/m1", Keys: []string{"fuzz/m2"}, Limit: 3, WaitTimeout: durationpb.New(0)})
+	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/m1", Keys: []string{"fuzz/m2"}, Kind: lockbrokerv1.AcquireKind_ACQUIRE_KIND_READ, WaitTimeout: durationpb.New(0)})
+	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/m1", Keys: []string{"fuzz/m2"}, Value: make([]byte, 200<<10), WaitTimeout: durationpb.New(0)})
+	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/m1", Keys: []string{"fuzz/m2"}, Session: &lockbrokerv1.AcquireRequest_Resume{
+		Resume: &lockbrokerv1.Sequencer{Key: "fuzz/m1", SessionId: uuid, Token: 7}}})
+	many := make([]string, 64)
+	for i := range many {
+		many[i] = fmt.Sprintf("fuzz/many/%d", i)
+	}
+	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/many", Keys: many, WaitTimeout: durationpb.New(0)})
+	add("Acquire", &lockbrokerv1.AcquireRequest{Key: "fuzz/many", Keys: many[:63], WaitTimeout: durationpb.New(0)})
 	add("SetValue", &lockbrokerv1.SetValueRequest{Key: "fuzz/ok", SessionId: uuid, Value: []byte("v")})
 	add("CheckSequencer", &lockbrokerv1.CheckSequencerRequest{})
 	add("CheckSequencer", &lockbrokerv1.CheckSequencerRequest{Sequencer: &lockbrokerv1.Sequencer{Key: "fuzz/ok", SessionId: uuid, Token: 1}})
