@@ -134,11 +134,15 @@ func (m *multiHold) conclude(ctx context.Context, o Outcome) error {
 	switch o.Kind {
 	case OutcomeReleased:
 		err := h.send(Event{Kind: EventReleased, Sequencer: seqs[0], Sequencers: seqs})
-		m.finish(true)
+		if !m.recycle(true) {
+			m.finish(true)
+		}
 		m.tidy()
 		return err
 	case OutcomeCanceled:
-		m.finish(false)
+		if !m.recycle(false) {
+			m.finish(false)
+		}
 		m.tidy()
 		return ctx.Err()
 	case OutcomeResumed:
@@ -238,13 +242,9 @@ func (m *multiHold) deleteUnlocked(ctx context.Context, ops []Op, res []*Entry) 
 // heldKeys reads every key consistently and returns the indexes of those
 // the session still holds with its grant.
 func (m *multiHold) heldKeys(ctx context.Context) ([]int, error) {
-	sts := make([]*State, len(m.keys))
-	for i, k := range m.keys {
-		st, err := m.h.b.readState(ctx, k)
-		if err != nil {
-			return nil, err
-		}
-		sts[i] = st
+	sts, err := m.h.b.readStates(ctx, m.keys)
+	if err != nil {
+		return nil, err
 	}
 	seqs := m.grants()
 	var held []int
@@ -257,6 +257,27 @@ func (m *multiHold) heldKeys(ctx context.Context) ([]int, error) {
 		}
 	}
 	return held, nil
+}
+
+// watchHeld is the indexes of the keys that the watch does not show lost
+// (after a loss, the others: an unlock of the lost key would fail the
+// transaction). A watch that lags costs a failed transaction and a read.
+func (m *multiHold) watchHeld() []int {
+	seqs := m.grants()
+	var held []int
+	for i, s := range m.subs {
+		if i >= len(seqs) {
+			break
+		}
+		st, _ := s.state()
+		if st != nil && st.Index >= seqs[i].Token {
+			if isLost, _, _ := lockLoss(st, seqs[i]); isLost {
+				continue
+			}
+		}
+		held = append(held, i)
+	}
+	return held
 }
 
 // finish ends the hold's session: it releases what the session still
@@ -283,9 +304,7 @@ func (m *multiHold) finish(released bool) {
 	}
 	var held []int
 	if !released {
-		for i := range m.keys {
-			held = append(held, i)
-		}
+		held = m.watchHeld()
 	}
 	for attempt := range maxWriteAttempts {
 		rec := h.record()
@@ -295,6 +314,7 @@ func (m *multiHold) finish(released bool) {
 		ops, deleteAfter := m.unlockAll(rec, nil, held, h.del)
 		res, err := h.st.Txn(ctx, ops)
 		if err == nil {
+			h.b.noteUnlocks(ops, res)
 			if deleteAfter {
 				m.deleteUnlocked(ctx, ops, res)
 			}
@@ -356,6 +376,7 @@ func (m *multiHold) release(ctx context.Context, key string, token uint64) (bool
 		ops, deleteAfter := m.unlockAll(rec, next, held, h.del)
 		res, err := h.st.Txn(ctx, ops)
 		if err == nil {
+			h.b.noteUnlocks(ops, res)
 			if deleteAfter {
 				m.deleteUnlocked(ctx, ops, res)
 			}
@@ -418,16 +439,19 @@ func (b *Broker) releaseMultiRemote(ctx context.Context, rec *record, key, sessi
 		}
 		next.Keys = nil
 		ops := rec.writeOps(next) // conditioned on the record as read
-		for _, k := range rec.Keys {
-			kst, err := b.readState(ctx, k)
-			if err != nil {
-				return false, err
-			}
+		sts, err := b.readStates(ctx, rec.Keys)
+		if err != nil {
+			return false, err
+		}
+		for _, kst := range sts {
 			if hd, ok := kst.holder(session); ok {
-				ops = append(ops, unlockOps(k, session, hd.Value, false)...)
+				ops = append(ops, unlockOps(kst.Key, session, hd.Value, false)...)
 			}
 		}
-		_, err := st.Txn(ctx, ops)
+		res, err := st.Txn(ctx, ops)
+		if err == nil {
+			b.noteUnlocks(ops, res)
+		}
 		if te := asTxnError(err); te != nil {
 			if te.Has(TxnSessionInvalid) {
 				return false, sessionError(ErrSessionNotFound, session)

@@ -217,12 +217,21 @@ func (m *multiHold) subscribe() {
 	}
 }
 
-// openSession creates the hold's session (never a pooled one: the pool's
-// sessions are kept per key), or renews a resumed one.
+// openSession takes a ready session from the pool (a request with the
+// default options, as for one key), creates one, or renews a resumed one.
 func (m *multiHold) openSession(ctx context.Context) error {
 	h := m.h
 	if h.spec.Resume != nil {
 		return m.openResumed(ctx)
+	}
+	if h.spec.NewSession == nil && h.b.pools != nil {
+		if p := h.b.pools.forTenant(h.tenant); p != nil {
+			if s := p.getMulti(m.keys); s != nil {
+				h.session, h.owned, h.ttl, h.start = s.id, true, DefaultTTL, s.renewed
+				h.rec, h.pooled = s.rec, s
+				return nil
+			}
+		}
 	}
 	spec := withDefaults(h.spec.NewSession)
 	if err := validateSpec(spec); err != nil {
@@ -269,26 +278,52 @@ func (m *multiHold) grants() []Sequencer {
 // read where the watch knows nothing yet or fresh asks for one (after a
 // race). The reads go out together, a few at a time.
 func (m *multiHold) states(ctx context.Context, sts []*State, fresh bool) error {
-	var wg sync.WaitGroup
-	errs := make([]error, len(m.keys))
-	sem := make(chan struct{}, 8)
+	var missing []int
 	for i, s := range m.subs {
 		if !fresh {
-			if st, _ := s.state(); st != nil {
+			st, _ := s.state()
+			if known := m.h.b.hub.knownState(m.keys[i]); known != nil && (st == nil || known.Index > st.Index) {
+				st = known // this replica's own release, newer than the watch (known.go)
+			}
+			if st != nil {
 				sts[i] = st
 				continue
 			}
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		missing = append(missing, i)
+	}
+	keys := make([]string, len(missing))
+	for j, i := range missing {
+		keys[j] = m.keys[i]
+	}
+	read, err := m.h.b.readStates(ctx, keys)
+	if err != nil {
+		return err
+	}
+	for j, i := range missing {
+		sts[i] = read[j]
+	}
+	return nil
+}
+
+// readStates reads every key's state consistently, a few at a time.
+func (b *Broker) readStates(ctx context.Context, keys []string) ([]*State, error) {
+	sts := make([]*State, len(keys))
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i, k := range keys {
+		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			sts[i], errs[i] = m.h.b.readState(ctx, m.keys[i])
-		}()
+			sts[i], errs[i] = b.readState(ctx, k)
+		})
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return sts, nil
 }
 
 // wait is the waiting loop of a multi-key lock: attempt on every key's
@@ -316,6 +351,7 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 		if err := m.states(ctx, sts, fresh); err != nil {
 			return nil, err
 		}
+		wasFresh := fresh
 		fresh = false
 		for _, st := range sts {
 			if err := lockConflict(st); err != nil {
@@ -353,6 +389,13 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 		if blocked == nil {
 			blocked = sts[0]
 		}
+		if delay == nil && m.tickets[0] == 0 && !wasFresh {
+			// Busy as the watch tells it, which may lag (this replica's
+			// own release a moment ago, say): read before giving up or
+			// queueing.
+			fresh = true
+			continue
+		}
 		if h.tryOnce() {
 			h.b.fillTokens(ctx, blocked)
 			return nil, holdersError(ErrBusy, ReasonLockHeld, blocked)
@@ -379,38 +422,47 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 				return nil, err
 			}
 		}
-		var grace <-chan time.Time
-		if d, ok := m.graceLeft(); ok {
-			t := time.NewTimer(d)
-			grace = t.C
-			defer t.Stop()
+		if err := m.sleep(ctx, reported, reportedPos, beat, delay, timeout, failed); err != nil {
+			return nil, err
 		}
-		cutOff := h.b.reach.lost()
-	sleep:
-		for {
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-h.b.shutdown:
-				return nil, newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
-			case <-timeout:
-				h.b.fillTokens(ctx, blocked)
-				return nil, holdersError(ErrTimeout, ReasonWaitTimeout, blocked)
-			case err := <-failed:
-				return nil, newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
-			case <-cutOff:
-				return nil, newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent has not answered for %s; wait on another replica", reachGrace)
-			case <-beat.C:
-				if err := m.sendQueued(reported, reportedPos); err != nil {
-					return nil, err
-				}
-			case <-delay:
-				break sleep
-			case <-grace:
-				break sleep
-			case <-m.changed:
-				break sleep
+	}
+}
+
+// sleep waits until a key changes, the lock-delay or the grace of a
+// silent head ends (see aheadOf), or the wait must end (the error);
+// `queued` goes out again every heartbeat meanwhile.
+func (m *multiHold) sleep(ctx context.Context, reported *State, pos int, beat *time.Ticker, delay, timeout <-chan time.Time, failed <-chan error) error {
+	h := m.h
+	var grace <-chan time.Time
+	if d, ok := m.graceLeft(); ok {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		grace = t.C
+	}
+	cutOff := h.b.reach.lost()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-h.b.shutdown:
+			return newError(ErrShutdown, ReasonBrokerShuttingDown, "the broker is shutting down; retry on another replica")
+		case <-timeout:
+			h.b.fillTokens(ctx, reported)
+			return holdersError(ErrTimeout, ReasonWaitTimeout, reported)
+		case err := <-failed:
+			return newError(ErrAborted, ReasonSessionLost, "the request's session was lost while it waited: %v", err)
+		case <-cutOff:
+			return newError(ErrUnavailable, ReasonReplicaCutOff, "this replica's Consul agent has not answered for %s; wait on another replica", reachGrace)
+		case <-beat.C:
+			if err := m.sendQueued(reported, pos); err != nil {
+				return err
 			}
+		case <-delay:
+			return nil
+		case <-grace:
+			return nil
+		case <-m.changed:
+			return nil
 		}
 	}
 }
@@ -656,6 +708,15 @@ func (m *multiHold) abandon(held bool) {
 		m.finish(false)
 		return
 	}
+	if h.pooled != nil && !m.ticketTried && !h.unsure && !h.b.abandoning() {
+		// Nothing was written with it (a try-once that found a key busy,
+		// say): back to the pool.
+		if h.ren != nil {
+			h.pooled.renewed = h.ren.lastRenewal()
+		}
+		h.pooled.pool.put(h.pooled)
+		return
+	}
 	if m.ticketTried {
 		var ops []Op
 		for _, k := range m.keys {
@@ -684,6 +745,96 @@ func (m *multiHold) tidy() {
 			b.tidyQueue(store, k)
 		}
 	}()
+}
+
+// getMulti takes a ready session for keys from the pool, or nil: one
+// renewed recently enough to hand over (see get), marked as having held
+// every key.
+func (p *sessionPool) getMulti(keys []string) *pooled {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.asked = time.Now()
+	defer p.signal()
+	limit := time.Now().Add(-DefaultTTL / 2)
+	for i := len(p.idle) - 1; i >= 0; i-- {
+		s := p.idle[i]
+		if s.renewed.Before(limit) {
+			continue
+		}
+		p.idle = append(p.idle[:i], p.idle[i+1:]...)
+		for _, k := range keys {
+			s.used[k] = true
+		}
+		s.uses++
+		return s
+	}
+	return nil
+}
+
+// recycle gives a pooled session back after a clean end, as a hold of
+// one key does (finish.go): every key unlocked (unless a Release did it)
+// and dropped from the record in one transaction conditioned on it. Only
+// a session that never queued: a ticket the grant could not delete would
+// stay live with it.
+func (m *multiHold) recycle(released bool) bool {
+	h := m.h
+	if h.pooled == nil || h.b.abandoning() || m.ticketTried {
+		return false
+	}
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	rec := h.record()
+	if rec.Owner != h.owner || rec.index == 0 {
+		return false
+	}
+	next := rec.next()
+	for _, k := range m.keys {
+		delete(next.Holds, k)
+		delete(next.Since, k)
+		delete(next.Again, k)
+	}
+	next.Keys, next.Waiting = nil, ""
+	if _, listed := rec.Holds[m.keys[0]]; released && !listed && len(rec.Keys) == 0 {
+		next = rec // the releasing transaction dropped the keys
+	} else {
+		var held []int
+		if !released {
+			held = m.watchHeld()
+			if len(held) < len(m.keys) {
+				return false // a key is lost: finish
+			}
+		}
+		ops, _ := m.unlockAll(rec, next, held, false)
+		if h.del {
+			return false
+		}
+		res, err := h.st.Txn(ctx, ops)
+		if err != nil {
+			return false
+		}
+		h.b.noteUnlocks(ops, res)
+		next.index, next.live = recordWritten(ops, res, h.session), true
+	}
+	h.pooled.rec = next
+	if h.ren != nil {
+		h.pooled.renewed = h.ren.lastRenewal()
+	}
+	h.pooled.pool.put(h.pooled)
+	return true
+}
+
+// noteUnlocks tells the hub of every key a committed transaction (ops,
+// res) unlocked, as noteRelease does for one key: the keys' watches
+// publish it at once, and the next grant on this replica starts from it.
+func (b *Broker) noteUnlocks(ops []Op, res []*Entry) {
+	for i, op := range ops {
+		if op.Verb == OpUnlock && i < len(res) {
+			b.hub.released(res[i])
+		}
+	}
 }
 
 // registerMulti makes the hold releasable through any of its keys.

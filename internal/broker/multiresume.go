@@ -49,24 +49,13 @@ func (m *multiHold) readResumable(ctx context.Context) (*record, []*State, error
 	var rec *record
 	var recErr error
 	wg.Go(func() { rec, recErr = h.b.readRecord(ctx, seq.Session) })
-	sts := make([]*State, len(m.keys))
-	errs := make([]error, len(m.keys))
-	sem := make(chan struct{}, 8)
-	for i, k := range m.keys {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			sts[i], errs[i] = h.b.readState(ctx, k)
-		})
-	}
+	sts, err := h.b.readStates(ctx, m.keys)
 	wg.Wait()
 	if recErr != nil {
 		return nil, nil, recErr
 	}
-	for _, err := range errs {
-		if err != nil {
-			return rec, nil, err
-		}
+	if err != nil {
+		return rec, nil, err
 	}
 	if err := allowed(ctx, rec, h.tenant); err != nil {
 		return rec, nil, err

@@ -560,3 +560,89 @@ func TestMultiKeyNestedAndConflictingKeys(t *testing.T) {
 		assert.Len(t, freeKeys(t, cc, []string{"multi/conflict/a", "multi/conflict/b"}), 2)
 	}
 }
+
+// A replica that stops at once (Broker.Close) tells its multi-key hold
+// BROKER_SHUTDOWN, leaving the session to its TTL; the client resumes the
+// whole hold on another replica, which renews the session (its
+// guaranteed_for comes from that renewal), and no key is free meanwhile.
+func TestMultiKeyResumeAfterReplicaStops(t *testing.T) {
+	agent := consultest.Start(t)
+	cc := agent.Client()
+	r := brokertest.Start(t, agent)
+	p := brokertest.StartProcess(t, agent)
+	c0 := lockbrokerv1.NewLockServiceClient(lkDial(t, r.Addr))
+	c1 := lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr))
+	keys := mkKeys("multi/stop", 4)
+	m := acquire(t, c0, multiReq(keys, "v"))
+	a := m.acquired(10 * time.Second)
+	session := requireGrant(t, cc, a, keys)
+
+	go r.Stop()
+	lost := m.next(10*time.Second, isLost).GetLost()
+	require.Equal(t, lockbrokerv1.LostReason_LOST_REASON_BROKER_SHUTDOWN, lost.GetReason())
+	require.Empty(t, lost.GetKey(), "a shutdown concerns the whole hold")
+	require.ElementsMatch(t, keys, lockedBy(t, cc, keys, session))
+
+	res := acquire(t, c1, &lockbrokerv1.AcquireRequest{Key: keys[0], Keys: keys[1:], Session: &lockbrokerv1.AcquireRequest_Resume{Resume: a.GetSequencer()}})
+	ra := res.acquired(10 * time.Second)
+	require.True(t, ra.GetResumed())
+	require.Len(t, ra.GetSequencers(), 4)
+	require.Positive(t, ra.GetGuaranteedFor().AsDuration())
+	require.ElementsMatch(t, keys, lockedBy(t, cc, keys, session))
+	_ = m.end(10 * time.Second) // the old stream ended with its replica
+	s := ra.GetSequencers()[3]
+	_, err := c1.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s.GetKey(), SessionId: s.GetSessionId(), Token: s.GetToken()})
+	require.NoError(t, err)
+	require.Len(t, res.next(5*time.Second, lkIsReleased).GetReleased().GetSequencers(), 4)
+	require.Len(t, freeKeys(t, cc, keys), 4)
+}
+
+// With the default session options a broker process takes multi-key
+// sessions from its pool and gives them back after a clean release or a
+// cancel (a try-once that finds a key busy writes nothing and gives its
+// session back too): sessions are reused, every key is free after each
+// cycle, and no session is left behind.
+func TestMultiKeyPooledSessions(t *testing.T) {
+	agent := consultest.Start(t)
+	cc := agent.Client()
+	p := brokertest.StartProcess(t, agent)
+	c := lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr))
+	keys := mkKeys("multi/pool", 4)
+	seen := map[string]int{}
+	for i := range 12 {
+		m := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: keys[0], Keys: keys[1:], Value: []byte("pooled")})
+		a := m.acquired(10 * time.Second)
+		session := requireGrant(t, cc, a, keys)
+		seen[session]++
+		switch i % 3 {
+		case 0: // released through a key
+			s := a.GetSequencers()[i%4]
+			_, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s.GetKey(), SessionId: s.GetSessionId(), Token: s.GetToken()})
+			require.NoError(t, err)
+			m.next(5*time.Second, lkIsReleased)
+		case 1: // cancelled
+			m.cancel()
+		case 2: // a try-once that finds the keys held, then released
+			busy := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: keys[3], Keys: keys[:1], WaitTimeout: dur(0)})
+			err := busy.end(5 * time.Second)
+			require.Equal(t, codes.Aborted, status.Code(err), "%v", err)
+			s := a.GetSequencers()[0]
+			_, err = c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s.GetKey(), SessionId: s.GetSessionId(), Token: s.GetToken()})
+			require.NoError(t, err)
+		}
+		require.Eventually(t, func() bool { return len(freeKeys(t, cc, keys)) == 4 }, 5*time.Second, 20*time.Millisecond, "cycle %d", i)
+	}
+	reused := 0
+	for _, n := range seen {
+		if n > 1 {
+			reused++
+		}
+	}
+	t.Logf("12 cycles used %d sessions", len(seen))
+	assert.Positive(t, reused, "a pooled session serves more than one multi-key hold")
+	kvs, _, err := cc.KV().List("multi/pool/", &api.QueryOptions{RequireConsistent: true})
+	require.NoError(t, err)
+	for _, kv := range kvs {
+		assert.Empty(t, kv.Session, "%s still held", kv.Key)
+	}
+}
