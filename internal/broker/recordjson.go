@@ -18,7 +18,7 @@ func encodeRecord(r *record) []byte {
 		b, _ := json.Marshal(r)
 		return b
 	}
-	n := 64 + len(r.Owner) + len(r.Tenant)
+	n := 64 + len(r.Owner) + len(r.Tenant) + len(r.Waiting)
 	for k := range r.Holds {
 		n += 2 * (len(k) + 24)
 	}
@@ -67,6 +67,10 @@ func encodeRecord(r *record) []byte {
 		field("again")
 		b = appendSortedMap(b, r.Again, strconv.AppendBool)
 	}
+	if r.Waiting != "" {
+		field("waiting")
+		b = appendPlainString(b, r.Waiting)
+	}
 	return append(b, '}')
 }
 
@@ -110,7 +114,7 @@ func plainString(s string) bool {
 
 // plainRecord reports whether every string of r is plain.
 func plainRecord(r *record) bool {
-	if !plainString(r.Owner) || !plainString(r.Tenant) || len(r.Keys) > 0 {
+	if !plainString(r.Owner) || !plainString(r.Tenant) || !plainString(r.Waiting) || len(r.Keys) > 0 {
 		return false // a multi-key hold's record goes through json.Marshal
 	}
 	for k := range r.Holds {

@@ -13,6 +13,8 @@ func FuzzEncodeRecord(f *testing.F) {
 	f.Add("replica-1", "", false, uint64(0), "a/b,c/d", int64(1700000000000), uint64(0), uint8(0))
 	f.Add("", "team<a>&b", true, uint64(17), "k\x00\"\\/é,\u2028,z", int64(-1), uint64(1<<63), uint8(7))
 	f.Add("r", "t", false, uint64(1), "", int64(0), uint64(5), uint8(2))
+	f.Add("r", "", false, uint64(3), "q/hot,x", int64(0), uint64(9), uint8(8))
+	f.Add("r", "", false, uint64(3), "q/h\"ot", int64(0), uint64(9), uint8(9))
 	f.Fuzz(func(t *testing.T, owner, tenant string, del bool, prev uint64, keys string, since int64, token uint64, shape uint8) {
 		r := &record{Owner: owner, Tenant: tenant, Delete: del, Prev: prev}
 		if shape&1 == 0 {
@@ -23,6 +25,9 @@ func FuzzEncodeRecord(f *testing.F) {
 		}
 		if shape&4 != 0 {
 			r.Again = map[string]bool{}
+		}
+		if shape&8 != 0 {
+			r.Waiting, _, _ = strings.Cut(keys, ",") // the key a ticket waits for
 		}
 		for i, k := range strings.Split(keys, ",") {
 			if r.Holds != nil {

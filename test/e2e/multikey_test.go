@@ -212,11 +212,12 @@ func TestMultiKeyLoss(t *testing.T) {
 	require.NoError(t, err)
 	start := time.Now()
 	lost := m.next(3*time.Second, isLost).GetLost()
+	lostAfter := time.Since(start)
 	assert.Equal(t, keys[2], lost.GetKey(), "lost names the key")
 	assert.Equal(t, lockbrokerv1.LostReason_LOST_REASON_DELETED_BY_OTHER, lost.GetReason())
 	others := []string{keys[0], keys[1], keys[3]}
 	require.Eventually(t, func() bool { return len(freeKeys(t, cc, others)) == 3 }, time.Second, 20*time.Millisecond, "the other keys are released")
-	t.Logf("lost after %v, others free after %v", time.Since(start), time.Since(start))
+	t.Logf("lost after %v, the other keys seen free after %v", lostAfter, time.Since(start))
 
 	m2 := acquire(t, cs[1], multiReq(keys, "v"))
 	s2 := requireGrant(t, cc, m2.acquired(10*time.Second), keys)
