@@ -11,7 +11,7 @@ PYTHON := /usr/bin/python3
 DEB_PACKAGES := protobuf-compiler protobuf-compiler-grpc python3-grpcio python3-protobuf python3-pytest python3-venv
 
 .PHONY: all run test test-go test-install test-race test-clients test-java test-conformance-go test-python test-node lint generate check-generate breaking \
-	consul broker lockctl test-deploy deps deps-npm deps-deb deps-node bench chaos clean
+	consul broker lockctl test-deploy deps deps-npm deps-deb deps-node bench bench-profile bench-profile-handoff chaos clean
 
 all: broker lockctl
 
@@ -138,13 +138,20 @@ test-node: consul broker deps-npm deps-node
 # (10,000 holds, 1,000 watchers on one replica): they print figures and
 # assert none.
 bench: consul
-	set -o pipefail; $(GO) test -count=1 -timeout 30m -run 'TestBenchTable|TestBenchQueue|TestBenchLossNotice|TestScale' -v ./test/bench/ -args -table -queue -loss -scale \
+	set -o pipefail; $(GO) test -count=1 -timeout 30m -run 'TestBenchTable|TestBenchQueue|TestBenchRWMulti|TestBenchLossNotice|TestScale' -v ./test/bench/ -args -table -queue -rwmulti -loss -scale \
 		| grep -E '^(#|\||SCALE|ok|FAIL|--- |panic)|^    [a-z_]+_test\.go:'
 
 # A CPU profile of the uncontended cycle (broker side, in process).
 bench-profile: consul
 	$(GO) test -count=1 -run '^$$' -bench 'Cycle/broker' -benchtime 3000x -cpuprofile bin/cpu.out -o bin/bench.test ./test/bench/
 	$(GO) tool pprof -top -nodecount=40 bin/bench.test bin/cpu.out
+
+# The same for the local hand-off (BenchmarkHandOff: a waiter queued, the
+# holder's Release hands it the lock), with allocations per hand-off,
+# which a loaded machine does not change (compare those across changes).
+bench-profile-handoff: consul
+	$(GO) test -count=1 -run '^$$' -bench 'HandOff' -benchtime 300x -benchmem -cpuprofile bin/cpu-handoff.out -o bin/bench.test ./test/bench/
+	$(GO) tool pprof -top -nodecount=40 bin/bench.test bin/cpu-handoff.out
 
 # deploy/: the Kubernetes manifests decoded strictly into the Kubernetes
 # API's Go types and checked against the broker's and lockctl's flags

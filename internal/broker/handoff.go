@@ -134,13 +134,14 @@ func (w *waiter) readyChan() <-chan struct{} {
 // tells which of the tickets ahead of the waiter's (known since it took
 // its ticket: they only ever leave) have left; a listing older than one
 // of them tells nothing of it, and a stale listing never makes a waiter
-// the head wrongly.
+// the head wrongly. Only the queue's part of that listing is derived
+// (queueState): the head and the hand-off's queue ops need no more.
 func (h *hold) claimNext() (*hold, *handoffSlot, []Op) {
 	kw := h.sub.kw
 	kw.mu.Lock()
 	var st *State
 	if kw.ready {
-		st = deriveState(kw.key, kw.entries, kw.index)
+		st = queueState(kw.key, kw.entries, kw.index)
 		st.partial = kw.own
 	}
 	var head *sub

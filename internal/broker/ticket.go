@@ -1,9 +1,9 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -52,18 +52,22 @@ var queueGrace = time.Second
 func ticketKey(key, session string) string { return key + queueSuffix + "/" + session }
 
 // deriveQueue fills the state's queue from its listing.
+// It runs on every listing of a lock key (and on every hand-off), so it
+// builds no key names: an entry is matched by its suffix after the key.
 func (st *State) deriveQueue() {
-	prefix := st.Key + queueSuffix + "/"
 	for _, e := range st.entries {
-		switch {
-		case e.Flags != QueueFlagValue:
-		case e.Key == st.Key+queueSuffix:
+		if e.Flags != QueueFlagValue {
+			continue
+		}
+		switch rest, ok := strings.CutPrefix(e.Key, st.Key); {
+		case !ok:
+		case rest == queueSuffix:
 			st.guard = e
-		case strings.HasPrefix(e.Key, prefix) && !strings.Contains(e.Key[len(prefix):], "/"):
+		case strings.HasPrefix(rest, queueSuffix+"/") && !strings.Contains(rest[len(queueSuffix)+1:], "/"):
 			st.tickets = append(st.tickets, e)
 		}
 	}
-	sort.Slice(st.tickets, func(i, j int) bool { return st.tickets[i].CreateIndex < st.tickets[j].CreateIndex })
+	slices.SortFunc(st.tickets, func(a, b *Entry) int { return cmp.Compare(a.CreateIndex, b.CreateIndex) })
 	for _, t := range st.tickets {
 		if ticketLive(st.Key, t) {
 			st.Waiting++
@@ -71,9 +75,25 @@ func (st *State) deriveQueue() {
 	}
 }
 
-// ticketLive says whether t is held by the session it is named after.
+// queueState is the part of key's state that its shared queue decides
+// on (guard, tickets, Waiting, Index), from a listing of key: what
+// claimNext needs on every hand-off, under the key's lock, without the
+// holders, children and contenders that deriveState adds.
+func queueState(key string, entries []*Entry, index uint64) *State {
+	st := &State{Key: key, Kind: KindNone, Index: index, entries: entries}
+	st.deriveQueue()
+	return st
+}
+
+// ticketLive says whether t is held by the session it is named after
+// (its key is ticketKey(key, t.Session), compared without building it).
 func ticketLive(key string, t *Entry) bool {
-	return t.Session != "" && t.Key == ticketKey(key, t.Session)
+	rest, ok := strings.CutPrefix(t.Key, key)
+	if !ok || t.Session == "" {
+		return false
+	}
+	rest, ok = strings.CutPrefix(rest, queueSuffix+"/")
+	return ok && rest == t.Session
 }
 
 // othersQueued reports whether st shows a live ticket other than session's.

@@ -47,7 +47,7 @@ var (
 var tableParCycles = flag.Int("table.par", 24000, "cycles per implementation in each parallel row (split among the turns and the clients)")
 
 // reproduce is the command make bench runs.
-const reproduce = `go test -count=1 -timeout 30m -run 'TestBenchTable|TestBenchQueue|TestBenchLossNotice|TestScale' -v ./test/bench/ -args -table -queue -loss -scale`
+const reproduce = `go test -count=1 -timeout 30m -run 'TestBenchTable|TestBenchQueue|TestBenchRWMulti|TestBenchLossNotice|TestScale' -v ./test/bench/ -args -table -queue -rwmulti -loss -scale`
 
 // lossAge is how old a hold is in the second loss-notice rows (its watch
 // runs by then).
@@ -215,18 +215,8 @@ func TestBenchTable(t *testing.T) {
 	out.WriteString(tb.String())
 
 	// Costs per cycle, by row and implementation.
-	var cost textTable
-	cost.add("cost per cycle", "cycles", "p50 ms", "p99 ms", "Consul calls", "calls by kind", "CPU s/1k (client)", "CPU s/1k (broker)", "CPU s/1k (agent)", "allocs")
-	costRow := func(name string, r *run) {
-		brokerCPU := "-"
-		if r.brokerCPU > 0 {
-			brokerCPU = r.cpuPer1k(r.brokerCPU)
-		}
-		cost.add(name, strconv.Itoa(r.n), fmtMs(r.lat.p50()), fmtMs(r.lat.p99()),
-			fmt.Sprintf("%.2f", r.perCycle(float64(sumCounts(r.calls)))), perCycle(r.calls, r.n),
-			r.cpuPer1k(r.cpu), brokerCPU, r.cpuPer1k(r.consulCPU),
-			fmt.Sprintf("%.0f", r.perCycle(float64(r.allocs))))
-	}
+	cost := newCostTable("cost per cycle")
+	costRow := cost.row
 	costRow("uncontended: broker", brUnc)
 	costRow("uncontended: api.Lock", apiUnc)
 	costRow("uncontended: floor", flUnc)
@@ -305,6 +295,28 @@ func TestBenchTable(t *testing.T) {
 	}
 	fmt.Fprintf(&out, "# load average at end %s\n", loadAvg())
 	fmt.Print(out.String())
+}
+
+// costTable is the table of costs per cycle (or per burst) of runs: Consul
+// calls, CPU and allocations.
+type costTable struct{ textTable }
+
+func newCostTable(per string) *costTable {
+	var c costTable
+	c.add(per, "cycles", "p50 ms", "p99 ms", "Consul calls", "calls by kind", "CPU s/1k (client)", "CPU s/1k (broker)", "CPU s/1k (agent)", "allocs")
+	return &c
+}
+
+// row adds r's costs as the row name.
+func (c *costTable) row(name string, r *run) {
+	brokerCPU := "-"
+	if r.brokerCPU > 0 {
+		brokerCPU = r.cpuPer1k(r.brokerCPU)
+	}
+	c.add(name, strconv.Itoa(r.n), fmtMs(r.lat.p50()), fmtMs(r.lat.p99()),
+		fmt.Sprintf("%.2f", r.perCycle(float64(sumCounts(r.calls)))), perCycle(r.calls, r.n),
+		r.cpuPer1k(r.cpu), brokerCPU, r.cpuPer1k(r.consulCPU),
+		fmt.Sprintf("%.0f", r.perCycle(float64(r.allocs))))
 }
 
 // env is the one agent, one replica and the clients every row shares.

@@ -65,13 +65,19 @@ type brokerHold struct {
 // creates, renews and destroys the session) for a lock (limit 0) or a
 // semaphore slot (limit > 1).
 func (d brokerDriver) open(key string, limit uint32) (*brokerHold, error) {
+	return d.openReq(&lockbrokerv1.AcquireRequest{Key: key, Limit: limit})
+}
+
+// openReq starts an Acquire stream with req (a read or write hold, a
+// multi-key lock).
+func (d brokerDriver) openReq(req *lockbrokerv1.AcquireRequest) (*brokerHold, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	s, err := d.locks.Acquire(ctx, &lockbrokerv1.AcquireRequest{Key: key, Limit: limit})
+	s, err := d.locks.Acquire(ctx, req)
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("acquire %s: %w", key, err)
+		return nil, fmt.Errorf("acquire %s: %w", req.GetKey(), err)
 	}
-	return &brokerHold{key: key, stream: s, cancel: cancel}, nil
+	return &brokerHold{key: req.GetKey(), stream: s, cancel: cancel}, nil
 }
 
 // until reads events until one satisfies want, within opTimeout. An event
@@ -105,7 +111,12 @@ func isLost(r *lockbrokerv1.AcquireResponse) bool     { return r.GetLost() != ni
 
 // acquire opens a stream and waits for `acquired`.
 func (d brokerDriver) acquire(key string, limit uint32) (*brokerHold, error) {
-	h, err := d.open(key, limit)
+	return d.acquireReq(&lockbrokerv1.AcquireRequest{Key: key, Limit: limit})
+}
+
+// acquireReq opens a stream with req and waits for `acquired`.
+func (d brokerDriver) acquireReq(req *lockbrokerv1.AcquireRequest) (*brokerHold, error) {
+	h, err := d.openReq(req)
 	if err != nil {
 		return nil, err
 	}
