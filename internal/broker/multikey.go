@@ -135,10 +135,16 @@ func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Ev
 	}
 	var seqs []Sequencer
 	var err error
-	resumed := spec.Resume != nil
-	if resumed {
+	resumed := spec.Resume != nil && spec.Resume.Token != 0
+	switch {
+	case resumed:
 		seqs, err = m.resume(ctx)
-	} else {
+	case spec.Resume != nil:
+		// A wait moved from another replica: it goes on from its places.
+		if err = m.resumeWait(ctx); err == nil {
+			seqs, err = m.wait(ctx)
+		}
+	default:
 		seqs, err = m.wait(ctx)
 	}
 	b.setWaiting(h, false)
@@ -150,10 +156,12 @@ func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Ev
 	}
 	if err != nil {
 		h.life.End(Outcome{Kind: OutcomeFailed})
-		if resumed {
+		if spec.Resume != nil && !h.resumedWait {
 			return nil, err // not ours: the replica that granted it keeps it
 		}
-		if r, _ := ReasonOf(err); r == ReasonConsulUnavailable || r == ReasonReplicaCutOff || r == ReasonBrokerShuttingDown {
+		r, _ := ReasonOf(err)
+		h.movable = r == ReasonReplicaCutOff || r == ReasonBrokerShuttingDown
+		if r == ReasonConsulUnavailable || h.movable {
 			// Consul may not answer here: the client learns it now and
 			// may go to another replica (where the wait starts anew); the
 			// clean-up follows, bounded by cleanupContext.
@@ -719,6 +727,9 @@ func (m *multiHold) abandon(held bool) {
 		}
 		h.pooled.pool.put(h.pooled)
 		return
+	}
+	if m.ticketTried && h.movedAway(ctx, h.movable) {
+		return // the wait goes on elsewhere, in its places
 	}
 	if m.ticketTried {
 		var ops []Op

@@ -60,6 +60,12 @@ func (m *multiHold) readResumable(ctx context.Context) (*record, []*State, error
 	if err := allowed(ctx, rec, h.tenant); err != nil {
 		return rec, nil, err
 	}
+	if seq.Token == 0 {
+		if err := m.waitPlaces(rec, sts); err != nil {
+			return rec, nil, err
+		}
+		return rec, sts, nil
+	}
 	if err := resumable(sts[0], rec, seq, false, 1); err != nil {
 		return rec, nil, err
 	}
@@ -124,4 +130,93 @@ func (m *multiHold) resume(ctx context.Context) ([]Sequencer, error) {
 		return seqs, nil
 	}
 	return nil, newError(ErrUnavailable, ReasonConsulUnavailable, "keys %q kept changing while resuming; retry", m.keys)
+}
+
+// waitPlaces says why the multi-key wait the request names (a sequencer
+// with no token) cannot be resumed from rec and sts, or nil: the record
+// must be live, broker-owned, waiting, and name exactly the request's
+// keys; every key must be a lock's (or free) and still hold the
+// session's live ticket, its place in that key's queue.
+func (m *multiHold) waitPlaces(rec *record, sts []*State) error {
+	seq := *m.h.spec.Resume
+	if rec.index == 0 || !rec.live || rec.Owner == "" || rec.Waiting == "" {
+		return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no live broker record of a wait (it ended, was granted, or it is client-owned)", seq.Session).withState(sts[0])
+	}
+	same := len(rec.Keys) == len(m.keys)
+	for _, k := range m.keys {
+		same = same && slices.Contains(rec.Keys, k)
+	}
+	if !same {
+		return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s waits for the multi-key lock %q, not %q (name the same keys)", seq.Session, rec.Keys, m.keys).withState(sts[0])
+	}
+	for _, st := range sts {
+		if err := lockConflict(st); err != nil {
+			return err
+		}
+		t := st.entry(ticketKey(st.Key, seq.Session))
+		if t == nil || t.Flags != QueueFlagValue || !ticketLive(st.Key, t) {
+			return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no place in the queue of %q", seq.Session, st.Key).withState(st)
+		}
+	}
+	return nil
+}
+
+// resumeWait re-attaches a multi-key wait made on another replica, as
+// hold.resumeWait does for one key: it moves the record's owner to this
+// replica by check-and-set, in one transaction with a check that every
+// key's ticket is still the session's, then takes those tickets as the
+// request's places (same CreateIndex): the wait goes on from them.
+func (m *multiHold) resumeWait(ctx context.Context) error {
+	h := m.h
+	seq := *h.spec.Resume
+	rec, sts := h.record(), m.resumeReads
+	m.resumeReads = nil
+	for range 5 {
+		if sts == nil {
+			var err error
+			if rec, sts, err = m.readResumable(ctx); err != nil {
+				return err
+			}
+			h.setRecord(rec)
+		}
+		next := rec.next()
+		h.owner = h.b.id + "/" + newNonce()
+		next.Owner = h.owner
+		ops := rec.writeOps(next)
+		tickets := make([]*Entry, len(sts))
+		for i, st := range sts {
+			t := st.entry(ticketKey(st.Key, seq.Session))
+			tickets[i] = t
+			ops = append(ops, Op{Verb: OpCheckIndex, Key: t.Key, Index: t.ModifyIndex}, Op{Verb: OpCheckSession, Key: t.Key, Session: seq.Session})
+		}
+		if len(ops) > MaxTxnOps {
+			return newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: %d keys are too many to check in one transaction", len(m.keys))
+		}
+		res, err := h.st.Txn(ctx, ops)
+		if te := asTxnError(err); te != nil {
+			if te.Has(TxnSessionInvalid) {
+				return sessionError(ErrSessionNotFound, seq.Session)
+			}
+			sts = nil // something moved: check again
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		next.index, next.live = recordWritten(ops, res, seq.Session), true
+		h.setRecord(next)
+		for i, st := range sts {
+			t := tickets[i]
+			m.tickets[i] = t.CreateIndex
+			m.ahead[i] = nil
+			for _, o := range st.tickets {
+				if o.CreateIndex < t.CreateIndex && o.Session != seq.Session && ticketLive(st.Key, o) {
+					m.ahead[i] = append(m.ahead[i], o)
+				}
+			}
+		}
+		m.ticketTried, h.enqueued, h.resumedWait = true, true, true
+		return nil
+	}
+	return newError(ErrUnavailable, ReasonConsulUnavailable, "keys %q kept changing while resuming the wait; retry", m.keys)
 }

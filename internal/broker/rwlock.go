@@ -334,6 +334,17 @@ func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
 		next = rec.with(key, false)
 		recAt = len(ops)
 		ops = append(ops, rec.writeOps(next)...)
+	} else if h.owned {
+		// A waiter of a broker-owned session: its record goes with the
+		// entry, naming the replica that owns the wait, as a lock
+		// waiter's goes with its ticket (enqueue), so that the wait can
+		// be resumed elsewhere in its place (resumeWait). No extra call:
+		// it rides on the transaction that enters the contender.
+		rec := h.record()
+		next = rec.next()
+		next.Waiting = key
+		recAt = len(ops)
+		ops = append(ops, rec.writeOps(next)...)
 	}
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
@@ -359,6 +370,10 @@ func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
 		return nil, fmt.Errorf("consul returned no entry for %q", key)
 	}
 	out := afterTxn(st, ops, res)
+	if next != nil && !grant {
+		next.index, next.live = recordWritten(ops, res, h.session), true
+		h.setRecord(next)
+	}
 	if grant {
 		next.index, next.live = k.ModifyIndex, true
 		h.setRecord(next)

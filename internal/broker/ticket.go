@@ -341,13 +341,17 @@ func (h *hold) resumeWait(ctx context.Context) error {
 }
 
 // waitPlace is the entry that holds the wait's place in st (its ticket, or
-// a semaphore's contender entry), or why the wait cannot be resumed: the
+// a semaphore's or read-write lock's contender entry, in the request's
+// mode), or why the wait cannot be resumed: the
 // session has no live broker record, is client-owned, asks for the key as
 // another kind, or has no place any more.
 func (h *hold) waitPlace(st *State, rec *record) (*Entry, error) {
 	seq := *h.spec.Resume
 	if rec.index == 0 || !rec.live || rec.Owner == "" {
 		return nil, newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no live broker record (it ended, or it is client-owned)", seq.Session).withState(st)
+	}
+	if len(rec.Keys) > 1 {
+		return nil, newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s waits for the multi-key lock %q; resume it with every key (key and keys)", seq.Session, rec.Keys).withState(st)
 	}
 	if err := h.conflict(st); err != nil {
 		return nil, err
@@ -358,6 +362,11 @@ func (h *hold) waitPlace(st *State, rec *record) (*Entry, error) {
 	}
 	if place == nil || place.Session != seq.Session {
 		return nil, newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s has no place in the queue of %q", seq.Session, seq.Key).withState(st)
+	}
+	if h.isRW() && place.Flags != h.rwFlags() {
+		// A read-write lock's contender entry says in which mode it waits
+		// (or holds): a reader's wait is not resumed as a writer's.
+		return nil, newError(ErrNotHolder, ReasonResumeRefused, "cannot resume the wait: session %s waits on %q as a %s, not a %s", seq.Session, seq.Key, modeWord(place.Flags == RWReadFlagValue), modeWord(h.spec.Mode == ModeRead)).withState(st)
 	}
 	return place, nil
 }
