@@ -685,16 +685,7 @@ test("rolling restart: a read hold and a multi-key hold move to the next replica
 // place: the reader that came after it keeps waiting behind it (had the
 // writer lost its place, that reader would join the holding reader at
 // once), and the writer is granted first, on B.
-//
-// TODO (broker): the client sends the resume (kind WRITE, the wait's
-// session, no token), but the broker refuses it with FAILED_PRECONDITION
-// "cannot resume the wait: session S has no live broker record": a read or
-// write waiter (the semaphore's path) has no broker record, so its place
-// cannot move (a semaphore's waiter is refused alike). The client then
-// waits anew, behind its own old contender entry, whose session (of the
-// killed replica) blocks the key until Consul invalidates it (up to 2 x TTL).
-const RW_WAIT_MOVE = "a read or write waiter cannot resume its wait on another replica (no broker record)";
-test("a waiting writer moved off a SIGKILLed replica keeps its place ahead of a later reader", { todo: RW_WAIT_MOVE }, () =>
+test("a waiting writer moved off a SIGKILLed replica keeps its place ahead of a later reader", () =>
   using(async (make) => {
     const a = await cluster.broker("rw-move-a");
     const b = await cluster.broker("rw-move-b");
@@ -727,9 +718,9 @@ test("a waiting writer moved off a SIGKILLed replica keeps its place ahead of a 
     }
   }));
 
-// A multi-key wait does not keep its place when its replica dies (the
-// README's Multi-key locks: it starts anew on the next replica; the client
-// sends the resume, which the broker refuses, then the original request).
+// A multi-key wait whose replica dies moves to the next replica (the
+// client sends the resume: the wait's session, every key, no token) and
+// keeps its place.
 // It goes on there, holding none of its keys while it waits, and is
 // granted all of them together once they are free.
 test("a waiting multi-key lock whose replica is SIGKILLed is granted every key on the next replica, holding none meanwhile", () =>

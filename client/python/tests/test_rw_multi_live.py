@@ -116,9 +116,6 @@ def test_rw_lease_moves_to_another_replica(cluster, broker, key, use_aio, method
         b.stop()
 
 
-@pytest.mark.xfail(reason="the broker refuses to resume a moved read-write wait (as it does a semaphore's): "
-                          "FAILED_PRECONDITION 'cannot resume the wait: session ... has no live broker record'; "
-                          "the library then waits anew, at the back", strict=False)
 def test_rw_moved_wait_keeps_its_place(cluster, broker, key):
     """A writer waiting on A behind a reader, with a reader after it on
     another replica, moves to B when A is SIGKILLed and keeps its place:
