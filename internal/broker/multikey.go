@@ -592,6 +592,11 @@ func (m *multiHold) grant(ctx context.Context, sts []*State) ([]Sequencer, error
 			later = append(later, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
 		}
 	}
+	for _, st := range sts {
+		// Tickets of waiters whose session ended (their replica died):
+		// after the grant, best effort, as a single key's grant does.
+		later = append(later, deadTicketOps(st, h.session)...)
+	}
 	rec := h.record()
 	next := rec.next()
 	for _, k := range m.keys {
@@ -748,10 +753,11 @@ func (m *multiHold) abandon(held bool) {
 // tidy tidies the queues of keys that the request queued in, in the
 // background (see tidyAfter).
 func (m *multiHold) tidy() {
-	if !m.h.enqueued {
+	keys := m.untidy()
+	if len(keys) == 0 {
 		return
 	}
-	b, store, keys := m.h.b, m.h.st, m.keys
+	b, store := m.h.b, m.h.st
 	b.holds.Add(1)
 	go func() {
 		defer b.holds.Done()
@@ -759,6 +765,29 @@ func (m *multiHold) tidy() {
 			b.tidyQueue(store, k)
 		}
 	}()
+}
+
+// untidy are the keys whose queue may need tidying: every key when the
+// request queued; otherwise those whose view (no read) shows a guard or
+// tickets and no live ticket of another waiter, as tidyAfter decides for
+// one key (dead tickets of waiters whose replica died stay until someone
+// tidies them, and a key only multi-key requests use has no other tidier).
+func (m *multiHold) untidy() []string {
+	if m.h.enqueued || len(m.subs) != len(m.keys) {
+		if m.h.enqueued {
+			return m.keys
+		}
+		return nil
+	}
+	var keys []string
+	for i, s := range m.subs {
+		st, _ := s.state()
+		if st == nil || st.partial || st.othersQueued(m.h.session) || (st.guard == nil && len(st.tickets) == 0) {
+			continue
+		}
+		keys = append(keys, m.keys[i])
+	}
+	return keys
 }
 
 // getMulti takes a ready session for keys from the pool, or nil: one

@@ -13,11 +13,18 @@ import (
 // path (hold.sem) with these functions in place of the semaphore's:
 //
 //   - K itself is the state, flags RWLockFlagValue, value
-//     {"Holders":{"<session>":"r"|"w"}}. Every grant and every contender's
-//     arrival writes K by check-and-set, so a grant's check-and-set proves
-//     that no contender arrived unseen, and K's ModifyIndex after a grant
-//     is the grant's token: tokens strictly increase, and a writer's is
-//     above every token granted before it.
+//     {"Holders":{"<session>":"r"|"w"},"Seq":n}. Every grant and every
+//     contender's arrival writes K by check-and-set (Seq one more each
+//     time, so that Consul never skips the write as a no-op), so a grant's
+//     check-and-set proves that no contender arrived unseen, and K's
+//     ModifyIndex after a grant is the grant's token: tokens strictly
+//     increase, and a writer's is above every token granted before it.
+//   - A release does not write K: it deletes its contender entry (see
+//     rwLeaveOps), so it never races the arrivals and grants that move K.
+//     K may then list a session whose entry is gone; it holds nothing
+//     (deriveRW), and the next write of K, built on the derived holders,
+//     drops it. A session that comes back (pooled) drops its own listing
+//     in the very check-and-set that writes its new entry (enterRW).
 //   - K/.lock is a marker with the same flags, so that api.Semaphore on
 //     the prefix K refuses it (ErrSemaphoreConflict); api.Lock on K
 //     refuses K's flags (ErrLockConflict).
@@ -42,9 +49,23 @@ const (
 )
 
 // rwBody is the JSON value of a read-write lock's key: each holder's
-// session and mode ("r" or "w").
+// session and mode ("r" or "w"), and Seq, one more at every write. Consul
+// skips a write that would leave an entry as it is, without moving its
+// ModifyIndex: without Seq, an arrival that leaves the holders as they
+// are (a waiter's; or a grant of a session K still lists from an earlier
+// hold) would not move K, and a check-and-set on a state older than it
+// would pass.
 type rwBody struct {
 	Holders map[string]string `json:"Holders"`
+	Seq     uint64            `json:"Seq,omitempty"`
+}
+
+// nextSeq is the Seq of the next write of K on st.
+func (st *State) nextSeq() uint64 {
+	if st.rw == nil || st.lock == nil {
+		return 1
+	}
+	return st.rw.Seq + 1
 }
 
 func rwContenderFlags(f uint64) bool { return f == RWReadFlagValue || f == RWWriteFlagValue }
@@ -180,7 +201,7 @@ func rwGrantable(st *State, session string, write bool, me *Entry) bool {
 // rwBodyWith is st's body with only its live holders, plus session in
 // mode when mode is not empty, minus drop.
 func rwBodyWith(st *State, session, mode, drop string) ([]byte, error) {
-	b := rwBody{Holders: map[string]string{}}
+	b := rwBody{Holders: map[string]string{}, Seq: st.nextSeq()}
 	for _, hd := range st.Holders {
 		if hd.Session == drop {
 			continue
@@ -250,8 +271,11 @@ func (h *hold) rwMode() string {
 // does not grant it writes nothing.
 func (h *hold) firstRW(ctx context.Context) (*State, error) {
 	st, _ := h.sub.state()
-	if k := h.b.hub.knownState(h.spec.Key); k != nil && (st == nil || st.lock == nil || k.lock.ModifyIndex > st.lock.ModifyIndex) {
-		st = k // this replica's own release, newer than the watch's listing
+	if k := h.b.hub.knownState(h.spec.Key); k != nil && (st == nil || st.lock == nil || k.lock.ModifyIndex >= st.lock.ModifyIndex) {
+		// This replica's own release, which read K unchanged: newer than
+		// a watch's listing at K's index or before (which may still show
+		// the released entry).
+		st = k
 	}
 	fresh := false
 	if st == nil {
@@ -310,7 +334,12 @@ func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
 	if grant {
 		mode = h.rwMode()
 	}
-	body, err := rwBodyWith(st, h.session, mode, "")
+	// drop: a listing of this session K still has from an earlier hold
+	// (a pooled session back on the key; its entry went with its release)
+	// goes in this very check-and-set, before its new entry makes it look
+	// like a holder. (Built on the derived holders, the body leaves it out
+	// anyway; the drop says so.)
+	body, err := rwBodyWith(st, h.session, mode, h.session)
 	if err != nil {
 		return nil, err
 	}
@@ -508,19 +537,17 @@ func rwLoss(st *State, seq Sequencer) (lost bool, reason LostReason, detail stri
 	return false, 0, ""
 }
 
-// rwLeaveOps removes session from the read-write lock in st: from K's
-// holders by check-and-set, and its contender entry (also an
-// api.Semaphore-flagged one a refused semaphore request left).
+// rwLeaveOps removes session from the read-write lock in st: it deletes
+// its contender entry (also an api.Semaphore-flagged one a refused
+// semaphore request left), conditioned on that entry alone. It does not
+// write K: a session K lists whose entry is gone holds nothing (deriveRW),
+// and the next write of K (an arrival or a grant, both built on the
+// derived holders) drops it. So a release never races the arrivals and
+// grants that keep moving K on a busy key (with 16 readers cycling, a
+// check-and-set of K failed 50 times in a row).
 func rwLeaveOps(st *State, session string) ([]Op, bool, error) {
 	var ops []Op
 	_, held := st.holder(session)
-	if st.rw != nil && st.rw.Holders[session] != "" && st.lock != nil {
-		body, err := rwBodyWith(st, "", "", session)
-		if err != nil {
-			return nil, false, err
-		}
-		ops = append(ops, Op{Verb: OpCAS, Key: st.Key, Value: body, Flags: RWLockFlagValue, Index: st.lock.ModifyIndex})
-	}
 	if c := st.child(session); c != nil && (rwContenderFlags(c.Flags) || c.Flags == SemaphoreFlagValue) && (c.Session == session || c.Session == "") {
 		ops = append(ops, Op{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex})
 	}
@@ -533,7 +560,7 @@ func rwLeaveOps(st *State, session string) ([]Op, bool, error) {
 // rwForceOps end every hold of the read-write lock in st: K loses every
 // holder (one check-and-set) and their contender entries are deleted.
 func rwForceOps(st *State) ([]Op, error) {
-	body, err := json.Marshal(rwBody{Holders: map[string]string{}})
+	body, err := json.Marshal(rwBody{Holders: map[string]string{}, Seq: st.nextSeq()})
 	if err != nil {
 		return nil, err
 	}
@@ -629,46 +656,69 @@ func (h *hold) rwLeaveState(ctx context.Context) (*State, error) {
 	return h.b.readState(ctx, h.spec.Key)
 }
 
-// leaveOps is leaveOps for the hold, noting for a read-write lock whether
-// st shows another contender (see noteRelease).
+// leaveOps is leaveOps for the hold. For a read-write lock whose st shows
+// no other contender, the release also reads K (a get in the same
+// transaction), for noteRelease.
 func (h *hold) leaveOps(st *State) ([]Op, bool, error) {
-	if h.isRW() {
-		quiet := true
-		for sid := range st.contenders {
-			quiet = quiet && sid == h.session
-		}
-		h.mu.Lock()
-		h.rwQuiet = quiet
-		h.mu.Unlock()
+	ops, held, err := leaveOps(st, h.session)
+	if !h.isRW() || err != nil {
+		return ops, held, err
 	}
-	return leaveOps(st, h.session)
+	quiet := true
+	for sid := range st.contenders {
+		quiet = quiet && sid == h.session
+	}
+	var at uint64
+	if quiet && st.lock != nil && len(ops) > 0 {
+		at = st.lock.ModifyIndex
+		ops = append(ops, Op{Verb: OpGet, Key: st.Key})
+	}
+	h.mu.Lock()
+	h.rwQuietAt = at
+	h.mu.Unlock()
+	return ops, held, nil
 }
 
 // noteRelease is Broker.noteRelease; for a read-write lock whose release
-// found no other contender, K as the release left it is remembered
-// (hub.known), so that the next request of this replica on the key is
-// granted in one transaction even before a watch lists the key. That is
-// safe: every arrival writes K, so K still at that index means nobody is
-// there yet; anything else costs a failed check-and-set and a read.
+// found no other contender and read K unchanged since the state it was
+// built on, K is remembered (hub.known), so that the next request of this
+// replica on the key is granted in one transaction even before a watch
+// lists the key. That is safe: every arrival writes K, so K unchanged
+// means nobody arrived since that state showed nobody but the releaser
+// (whose own listing in K, its entry gone, holds nothing: deriveRW); K
+// still at that index later means nobody is there yet, and anything else
+// costs a failed check-and-set and a read.
 func (h *hold) noteRelease(ops []Op, res []*Entry) {
 	h.b.noteRelease(ops, res)
 	if !h.isRW() {
 		return
 	}
-	key := h.spec.Key
+	key, ck := h.spec.Key, contenderKey(h.spec.Key, h.session)
+	left := false
 	for i, op := range ops {
-		if op.Verb != OpCAS || op.Key != key || op.Flags != RWLockFlagValue {
-			continue // (a finish after a Release writes only the record)
+		switch {
+		case op.Verb == OpDeleteCAS && op.Key == ck:
+			left = true
+		case op.Verb == OpGet && op.Key == key:
+			h.mu.Lock()
+			at := h.rwQuietAt
+			h.mu.Unlock()
+			if at != 0 && i < len(res) && res[i] != nil && res[i].ModifyIndex == at && res[i].Flags == RWLockFlagValue {
+				h.b.hub.known.put(res[i])
+				h.clearRWBase()
+				return
+			}
 		}
-		h.mu.Lock()
-		quiet := h.rwQuiet
-		h.rwBase = nil
-		h.mu.Unlock()
-		if quiet && i < len(res) && res[i] != nil {
-			h.b.hub.known.put(res[i])
-		} else {
-			h.b.hub.known.forget(key)
-		}
-		return
 	}
+	if left {
+		h.b.hub.known.forget(key)
+		h.clearRWBase()
+	}
+	// (A finish after a Release writes only the record.)
+}
+
+func (h *hold) clearRWBase() {
+	h.mu.Lock()
+	h.rwBase, h.rwQuietAt = nil, 0
+	h.mu.Unlock()
 }

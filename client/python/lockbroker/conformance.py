@@ -13,7 +13,7 @@ closes when it is a pipe), releases it, and prints JSON lines:
 {"event":"acquired","mode":M,...} (M: lock, semaphore, read or write; a
 multi-key hold adds "keys" and "tokens", one per key in order), then
 {"event":"releasing"} (when it starts to let go: its belief that it holds
-ends there) and {"event":"released"}, or {"event":"lost","reason":...}
+ends there) and {"event":"released","release_t":T} (T: that same time), or {"event":"lost","reason":...}
 (exit 2); failures
 print {"event":"error",...} and exit 1. `watch` prints {"event":"state",...}
 per state.
@@ -96,9 +96,10 @@ def _hold(client, args):
         return 2
     # The hold is given up from here on: what the holder believes it holds
     # ends now, before the next holder may be granted (S10 reads it).
-    _emit(event="releasing", token=lease.token)
+    release_t = time.time()
+    _emit(event="releasing", token=lease.token, t=release_t)
     lease.release()
-    _emit(event="released", token=lease.token)
+    _emit(event="released", token=lease.token, release_t=release_t)
     return 0
 
 

@@ -456,7 +456,7 @@ def test_cli_mode_and_also(serve, args, kind, mode, keys):
     assert rc == 0, (lines, err)
     acquired, released = lines[0], lines[-1]
     assert [line["event"] for line in lines] == ["acquired", "releasing", "released"]
-    assert acquired["t"] <= lines[1]["t"] <= released["t"]
+    assert acquired["t"] <= lines[1]["t"] == released["release_t"] <= released["t"]
     assert acquired["mode"] == mode and acquired["lang"] == "python" and acquired["token"] == 100
     if keys:
         assert acquired["keys"] == keys and acquired["tokens"] == [100 + n for n in range(len(keys))]

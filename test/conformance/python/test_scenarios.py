@@ -597,13 +597,13 @@ def test_s10_read_write_across_processes(broker, key, figure):
     assert got["mode"] == "lock" and got["keys"] == [key + "-a", key + "-b", key + "-c"]
     assert len(got["tokens"]) == 3 and got["tokens"][0] == got["token"]
 
-    # A belief interval ends when the holder starts to let go (`releasing`):
-    # the next holder may be granted, and print `acquired`, before this one
-    # prints `released`.
+    # A hold's interval ends when its release was asked for (`release_t` on
+    # `released`): the next holder may be granted, and print `acquired`,
+    # before this one prints `released`.
     holds = []
     for cli in clis[:-1]:
-        acq, rel = cli.wait("acquired", 1), cli.wait("releasing", 1)
-        holds.append((acq["t"], rel["t"], acq["mode"], acq["token"]))
+        acq, rel = cli.wait("acquired", 1), cli.wait("released", 1)
+        holds.append((acq["t"], rel["release_t"], acq["mode"], acq["token"]))
     holds.sort()
     assert [m for _, _, m, _ in holds].count("write") == 2
     for i, (s1, e1, m1, _) in enumerate(holds):
