@@ -263,7 +263,14 @@ func (h *hold) openSession(ctx context.Context) error {
 			return h.openPooled(ctx, p)
 		}
 	}
-	spec := withDefaults(s.NewSession)
+	return h.createSession(ctx)
+}
+
+// createSession creates a new broker-owned session with the request's
+// options (the defaults where unset), on a context of its own, and starts
+// its record; a stream cancelled meanwhile destroys it again.
+func (h *hold) createSession(ctx context.Context) error {
+	spec := withDefaults(h.spec.NewSession)
 	if err := validateSpec(spec); err != nil {
 		return err
 	}

@@ -241,25 +241,7 @@ func (m *multiHold) openSession(ctx context.Context) error {
 			}
 		}
 	}
-	spec := withDefaults(h.spec.NewSession)
-	if err := validateSpec(spec); err != nil {
-		return err
-	}
-	cctx, cancel := cleanupContext()
-	defer cancel()
-	h.start = time.Now()
-	id, err := h.st.CreateSession(cctx, spec)
-	if err != nil {
-		return err
-	}
-	h.session, h.owned, h.ttl, h.del = id, true, spec.TTL, spec.Delete
-	h.rec = newRecord(id, h.b.id)
-	h.rec.Delete, h.rec.Tenant = spec.Delete, h.tenant
-	if ctx.Err() != nil {
-		h.destroy(cctx)
-		return ctx.Err()
-	}
-	return nil
+	return h.createSession(ctx)
 }
 
 func (m *multiHold) setGrants(seqs []Sequencer) {
