@@ -736,7 +736,7 @@ func ticketTouches(t *testing.T, cc *api.Client, key string, stop <-chan struct{
 // granted first when its other key is released; they follow in their
 // order. The multi-key waiter runs in this process (-race).
 func TestMultiKeyWaiterKeepsItsPlaceOnAFreeKey(t *testing.T) {
-	agent, cs, _ := threeMixedReplicas(t)
+	agent, cs, ps := threeMixedReplicas(t)
 	cc := agent.Client()
 	a, b := "multi/keep/a", "multi/keep/b"
 	hb := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: b, Session: fast()})
@@ -781,6 +781,29 @@ func TestMultiKeyWaiterKeepsItsPlaceOnAFreeKey(t *testing.T) {
 	kv, _, err := cc.KV().Get(a, &api.QueryOptions{RequireConsistent: true})
 	require.NoError(t, err)
 	require.True(t, kv == nil || kv.Session == "", "%s stood free", a)
+
+	// ListHolds (on another replica) lists the touched ticket in its
+	// place, with its replica as the untouched ticket on B names it.
+	admin := lockbrokerv1.NewAdminServiceClient(lkDial(t, ps[0].Addr))
+	resp, err := admin.ListHolds(lkCtx(t), &lockbrokerv1.ListHoldsRequest{KeyPrefix: "multi/keep/"})
+	require.NoError(t, err)
+	replicaOn := map[string]string{}
+	var onA []*lockbrokerv1.HoldInfo
+	for _, h := range resp.GetHolds() {
+		if h.GetWaiting() && h.GetKey() == a {
+			onA = append(onA, h)
+		}
+		if h.GetWaiting() && h.GetSessionId() == msession {
+			replicaOn[h.GetKey()] = h.GetReplica()
+		}
+	}
+	require.Len(t, onA, 3)
+	for i, h := range onA {
+		assert.EqualValues(t, i+1, h.GetPosition())
+	}
+	assert.Equal(t, msession, onA[0].GetSessionId(), "the multi-key waiter heads %s", a)
+	assert.NotEmpty(t, replicaOn[b])
+	assert.Equal(t, replicaOn[b], replicaOn[a], "the touched ticket names its replica")
 
 	_, err = cs[1].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: b, SessionId: hbSeq.GetSessionId(), Token: hbSeq.GetToken()})
 	require.NoError(t, err)
