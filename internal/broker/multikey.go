@@ -37,7 +37,14 @@ import (
 //     held anyway).
 //
 // The hold watches every key; the loss of any ends the whole hold, and
-// one transaction unlocks the others. A release unlocks every key in one
+// one transaction unlocks the others. A newcomer's watches start as a
+// single hold's do (subscribeLazy): only when it must wait, or
+// watchDelay after it subscribed; meanwhile it builds its grant on what
+// this replica knows of each key (its own last release, else absent),
+// which the granting transaction checks, and a granted key is checked
+// every youngEvery until its watch starts (young.go). So an uncontended
+// cycle costs Consul its two transactions and no query, and a fresh
+// hold hears the loss of any key as soon as an older one. A release unlocks every key in one
 // transaction, with the record. A single-key hand-off (handoff.go) never
 // goes to a multi-key waiter: it does not offer a hand-off slot.
 
@@ -52,6 +59,9 @@ type multiHold struct {
 	changed chan struct{} // a key's watch published (see forward)
 	stop    chan struct{}
 	fwd     sync.WaitGroup
+	// lazy: the keys' watches were subscribed lazily and not activated
+	// yet (see subscribe and activate); only the wait loop touches it.
+	lazy bool
 
 	// tickets: the CreateIndex of the request's ticket in each key's
 	// queue (0 without); ahead: the live tickets ahead of it, by key, as
@@ -77,6 +87,11 @@ type multiHold struct {
 	values  [][]byte    // each key's value as last seen (an unlock writes it back)
 	lostKey string      // the key whose loss ended the hold
 }
+
+// maxLazyKeys: a newcomer with at most this many keys subscribes lazily
+// (see subscribe): its grant on unread states checks each key (up to 4
+// ops a key, with the record's 2).
+const maxLazyKeys = (MaxTxnOps - 2) / 4
 
 // maxMultiValue bounds the values one multi-key grant writes, every key's
 // together (the value limit of a single-key grant): the transaction must
@@ -143,7 +158,7 @@ func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Ev
 		return nil, err
 	}
 	b.setWaiting(h, true)
-	m.subscribe()
+	m.subscribe(spec.Resume == nil && len(m.keys) <= maxLazyKeys)
 	if h.owned {
 		h.ren = newRenewer(h.st, h.session, h.ttl, h.start, b.renewals)
 		h.ren.start()
@@ -216,11 +231,14 @@ func (m *multiHold) close() {
 	h.b.holds.Done()
 }
 
-// subscribe watches every key, now (a waiter and a holder both need every
-// key's changes), and forwards their wake-ups to m.changed.
-func (m *multiHold) subscribe() {
+// subscribe watches every key and forwards their wake-ups to m.changed:
+// lazily for a newcomer (as a single hold, see subscribeLazy: the
+// watches start when it must wait, see activate, or watchDelay after
+// now), else at once (a resumed hold or wait needs every key's changes).
+func (m *multiHold) subscribe(lazy bool) {
+	m.lazy = lazy
 	for _, k := range m.keys {
-		s := m.h.b.hub.subscribeAt(k, false)
+		s := m.h.b.hub.subscribeAt(k, lazy)
 		m.subs = append(m.subs, s)
 		m.fwd.Add(1)
 		go func() {
@@ -259,6 +277,18 @@ func (m *multiHold) openSession(ctx context.Context) error {
 	return h.createSession(ctx)
 }
 
+// activate starts every key's watch that is still pending: the request
+// must wait, and wakes on the keys' changes.
+func (m *multiHold) activate() {
+	if !m.lazy {
+		return
+	}
+	m.lazy = false
+	for _, s := range m.subs {
+		s.activate()
+	}
+}
+
 func (m *multiHold) setGrants(seqs []Sequencer) {
 	h := m.h
 	h.mu.Lock()
@@ -269,7 +299,11 @@ func (m *multiHold) setGrants(seqs []Sequencer) {
 	m.mu.Unlock()
 	for i, s := range m.subs {
 		s.want(seqs[i].Token)
+		s.refresh()
 		h.b.hub.known.forget(seqs[i].Key)
+		// Until its watch starts, the key is checked every youngEvery
+		// (nothing for a watch that runs already).
+		s.checkYoung(seqs[i].Key, seqs[i].Session)
 	}
 }
 
@@ -281,7 +315,10 @@ func (m *multiHold) grants() []Sequencer {
 
 // states fills sts with every key's state: the watch's, or a consistent
 // read where the watch knows nothing yet or fresh asks for one (after a
-// race). The reads go out together, a few at a time.
+// race). The reads go out together, a few at a time. A lazy newcomer
+// reads nothing: a key its watch knows nothing of yet is assumed absent
+// (a partial state, which the grant checks, as a single hold's first
+// attempt does).
 func (m *multiHold) states(ctx context.Context, sts []*State, fresh bool) error {
 	var missing []int
 	for i, s := range m.subs {
@@ -289,6 +326,9 @@ func (m *multiHold) states(ctx context.Context, sts []*State, fresh bool) error 
 			st, _ := s.state()
 			if known := m.h.b.hub.knownState(m.keys[i]); known != nil && (st == nil || known.Index > st.Index) {
 				st = known // this replica's own release, newer than the watch (known.go)
+			}
+			if st == nil && m.lazy {
+				st = &State{Key: m.keys[i], Kind: KindNone, partial: true}
 			}
 			if st != nil {
 				sts[i] = st
@@ -405,6 +445,7 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 			h.b.fillTokens(ctx, blocked)
 			return nil, holdersError(ErrBusy, ReasonLockHeld, blocked)
 		}
+		m.activate() // it waits: its keys' changes wake it
 		if delay == nil && m.tickets[0] == 0 {
 			if err := m.enqueue(ctx, sts); errors.Is(err, errRace) {
 				fresh = true
@@ -653,9 +694,19 @@ func (m *multiHold) grant(ctx context.Context, sts []*State) ([]Sequencer, error
 	var must, later []Op
 	lockOp := make([]int, len(m.keys)) // each key's lock op in must
 	for i, key := range m.keys {
+		st := sts[i]
+		if st.partial && len(m.keys) <= maxLazyKeys {
+			// Not a listing (this replica's own release, or nothing
+			// known: absent): the transaction checks it, as a single
+			// hold's grant does (tryLock).
+			if st.lock == nil {
+				must = append(must, Op{Verb: OpCheckNotExists, Key: key}, Op{Verb: OpCheckNotExists, Key: key + semLockSuffix})
+			} else {
+				must = append(must, Op{Verb: OpCheckIndex, Key: key, Index: st.lock.ModifyIndex})
+			}
+		}
 		lockOp[i] = len(must)
 		must = append(must, Op{Verb: OpLock, Key: key, Value: h.spec.Value, Flags: LockFlagValue, Session: h.session})
-		st := sts[i]
 		if m.tickets[i] == 0 {
 			if st.guard == nil {
 				must = append(must, Op{Verb: OpCheckNotExists, Key: key + queueSuffix})
