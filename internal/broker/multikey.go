@@ -23,12 +23,15 @@ import (
 //     multi-key requests never wait for each other (no deadlock), and a
 //     single-key waiter that comes later queues behind it on that key
 //     (no starvation);
-//   - while it heads the queue of a free key and cannot take every key
-//     yet (another of its keys is held, or has a ticket ahead), it
-//     touches its tickets on such keys every queueTouch, in one
-//     check-and-set transaction (touch): single-key waiters behind it see
-//     it alive and do not pass it after queueGrace (ticket.go), as they
-//     would pass a head whose waiter is gone;
+//   - while it waits with a key free (another of its keys is held, or
+//     has a ticket ahead), it touches its tickets on the free keys every
+//     queueTouch, in one check-and-set transaction (touch): waiters
+//     behind it there see it alive and do not pass it after queueGrace
+//     (ticket.go), as they would pass a head whose waiter is gone. It
+//     touches them whether it heads those queues or not: when a silent
+//     ticket ahead of it is skipped after the grace, it is already seen
+//     alive, and the waiters behind it, whose grace ran as long, do not
+//     take the key in the moment it becomes the head;
 //   - it is granted when it heads every key's queue (no live ticket ahead
 //     of its own) and every key is free: one transaction of N lock ops,
 //     with the session's record and the removal of its tickets as far as
@@ -74,10 +77,10 @@ type multiHold struct {
 	aheadMark   []uint64
 	ticketTried bool
 	// ticketMod: each ticket's ModifyIndex as last known (what a touch
-	// checks); heads: the keys free with no live ticket ahead of the
-	// request's, as the last attempt saw them; touched: the last touch.
+	// checks); free: the keys the last attempt saw free while the
+	// request waits with a ticket there; touched: the last touch.
 	ticketMod []uint64
-	heads     []bool
+	free      []bool
 	touched   time.Time
 	// resumeReads: openResumed's reads, for resume's first attempt.
 	resumeReads []*State
@@ -143,7 +146,7 @@ func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Ev
 	m := &multiHold{h: h, keys: append([]string{spec.Key}, spec.Keys...), changed: make(chan struct{}, 1), stop: make(chan struct{})}
 	n := len(m.keys)
 	m.tickets, m.ahead, m.freeSince = make([]uint64, n), make([][]*Entry, n), make([]time.Time, n)
-	m.aheadMark, m.ticketMod, m.heads = make([]uint64, n), make([]uint64, n), make([]bool, n)
+	m.aheadMark, m.ticketMod, m.free = make([]uint64, n), make([]uint64, n), make([]bool, n)
 	m.values = make([][]byte, n)
 	for i := range m.values {
 		m.values[i] = spec.Value
@@ -556,16 +559,15 @@ func (m *multiHold) attempt(ctx context.Context, sts []*State) ([]Sequencer, *St
 		}
 	}
 	for i, st := range sts {
-		m.heads[i] = false
+		m.free[i] = false
 		if m.tickets[i] == 0 {
 			if st.othersQueued(m.h.session) && blocked == nil {
 				blocked = st
 			}
 			continue
 		}
-		ahead := m.aheadOf(i, st)
-		m.heads[i] = ahead == 0 && len(st.Holders) == 0
-		if ahead > 0 && blocked == nil {
+		m.free[i] = len(st.Holders) == 0
+		if m.aheadOf(i, st) > 0 && blocked == nil {
 			blocked = st
 		}
 	}
@@ -624,18 +626,18 @@ func (m *multiHold) graceLeft() (time.Duration, bool) {
 }
 
 // touchLeft is how long until the request must touch its tickets again
-// (see touch), when it heads the queue of a free key.
+// (see touch), when it waits with a key free.
 func (m *multiHold) touchLeft() (time.Duration, bool) {
-	if !slices.Contains(m.heads, true) {
+	if !slices.Contains(m.free, true) {
 		return 0, false
 	}
 	return max(time.Until(m.touched.Add(queueTouch())), time.Millisecond), true
 }
 
-// touch shows waiters behind the request that it is alive, when it heads
-// the queue of a free key it cannot take yet (the last attempt's heads)
-// and queueTouch has passed since the last touch: one transaction
-// rewrites its tickets on those keys by check-and-set on their
+// touch shows waiters behind the request that it is alive, when it waits
+// with keys free (the last attempt's free, where it has tickets) and
+// queueTouch has passed since the last touch: one transaction rewrites
+// its tickets on those keys by check-and-set on their
 // ModifyIndex (their CreateIndex, the request's place, stays), so that
 // their ModifyIndex moves and each waiter behind restarts its grace
 // (aheadOf, waiter.turn). A broker-owned session's record conditions it,
@@ -644,7 +646,7 @@ func (m *multiHold) touchLeft() (time.Duration, bool) {
 // touch, or the grace of the waiters behind, follows as before.
 func (m *multiHold) touch(ctx context.Context, sts []*State) bool {
 	h := m.h
-	if time.Since(m.touched) < queueTouch() || !slices.Contains(m.heads, true) {
+	if time.Since(m.touched) < queueTouch() || !slices.Contains(m.free, true) {
 		return false
 	}
 	var ops []Op
@@ -654,7 +656,7 @@ func (m *multiHold) touch(ctx context.Context, sts []*State) bool {
 	first := len(ops)
 	var touched []int
 	for i, key := range m.keys {
-		if !m.heads[i] {
+		if !m.free[i] {
 			continue
 		}
 		tk := ticketKey(key, h.session)
