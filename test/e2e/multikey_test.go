@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
@@ -954,4 +955,51 @@ func TestMultiKeyDeadWaiterSkipped(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, kv)
 	assert.NotEmpty(t, kv.Session, "%s stays held by its holder", b)
+}
+
+// A multi-key waiter behind a silent ticket (its session alive, nobody
+// behind it) on a free key, with its other key held: it skips the silent
+// ticket after the grace, and a single-key waiter behind both, whose
+// grace ran as long, does not take the key in that moment nor after (the
+// multi-key waiter touched its ticket all along).
+func TestMultiKeyWaiterBehindSilentTicketKeepsItsPlace(t *testing.T) {
+	agent, cs, _ := threeMixedReplicas(t)
+	cc := agent.Client()
+	a, b := "multi/silent/a", "multi/silent/b"
+	hb := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: b, Session: fast()})
+	hbSeq := hb.acquired(5 * time.Second).GetSequencer()
+	ha := acquire(t, cs[2], &lockbrokerv1.AcquireRequest{Key: a, Session: fast()})
+	haSeq := ha.acquired(5 * time.Second).GetSequencer()
+	// A ticket ahead of every waiter, as a waiter of a replica that died
+	// with its client would have left it.
+	sid, _, err := cc.Session().Create(&api.SessionEntry{TTL: "60s", LockDelay: time.Nanosecond, Behavior: api.SessionBehaviorRelease}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = cc.Session().Destroy(sid, nil) })
+	ok, _, err := cc.KV().Acquire(&api.KVPair{Key: a + "/.queue/" + sid, Value: []byte("gone"), Flags: broker.QueueFlagValue, Session: sid}, nil)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = cc.KV().Put(&api.KVPair{Key: a + "/.queue", Flags: broker.QueueFlagValue}, nil)
+	require.NoError(t, err)
+
+	m := acquire(t, cs[0], &lockbrokerv1.AcquireRequest{Key: a, Keys: []string{b}, Value: []byte("multi"), Session: fast()})
+	awaitPosition(t, m, 2)
+	s := acquire(t, cs[2], &lockbrokerv1.AcquireRequest{Key: a, Value: []byte("single"), Session: fast()})
+	awaitPosition(t, s, 3)
+
+	_, err = cs[2].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: a, SessionId: haSeq.GetSessionId(), Token: haSeq.GetToken()})
+	require.NoError(t, err)
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		require.False(t, grantedYet(t, s), "the single-key waiter took %s past the multi-key waiter ahead of it", a)
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, err = cs[1].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: b, SessionId: hbSeq.GetSessionId(), Token: hbSeq.GetToken()})
+	require.NoError(t, err)
+	ma := m.acquired(5 * time.Second)
+	requireGrant(t, cc, ma, []string{a, b})
+	assert.False(t, grantedYet(t, s), "the single-key waiter granted beside the multi-key holder")
+	sq := ma.GetSequencers()[0]
+	_, err = cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: sq.GetKey(), SessionId: sq.GetSessionId(), Token: sq.GetToken()})
+	require.NoError(t, err)
+	s.acquired(5 * time.Second)
 }
