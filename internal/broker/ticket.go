@@ -33,7 +33,7 @@ import (
 //   - a ticket whose waiter is gone with its session still alive (its
 //     replica was killed along with the client) is skipped once the key
 //     has stood free for queueGrace with nobody taking it and with no
-//     ticket ahead touched meanwhile. A head that waits for something
+//     ticket ahead touched meanwhile. A waiter that waits for something
 //     else while the key is free (a multi-key waiter, one of whose other
 //     keys is held) touches its ticket every queueTouch to show it is
 //     alive (multiHold.touch): a check-and-set that rewrites its value,
