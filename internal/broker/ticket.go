@@ -53,7 +53,7 @@ const queueSuffix = "/.queue"
 // free key within milliseconds, so a head silent that long is gone.
 var queueGrace = time.Second
 
-// queueTouch is how often a head that waits on a free key touches its
+// queueTouch is how often a waiter that waits on a free key touches its
 // ticket (see above): half the grace, so that a waiter behind it sees a
 // touch within every grace with time to spare for the watch's delay.
 func queueTouch() time.Duration { return queueGrace / 2 }
