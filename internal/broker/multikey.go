@@ -23,6 +23,12 @@ import (
 //     multi-key requests never wait for each other (no deadlock), and a
 //     single-key waiter that comes later queues behind it on that key
 //     (no starvation);
+//   - while it heads the queue of a free key and cannot take every key
+//     yet (another of its keys is held, or has a ticket ahead), it
+//     touches its tickets on such keys every queueTouch, in one
+//     check-and-set transaction (touch): single-key waiters behind it see
+//     it alive and do not pass it after queueGrace (ticket.go), as they
+//     would pass a head whose waiter is gone;
 //   - it is granted when it heads every key's queue (no live ticket ahead
 //     of its own) and every key is free: one transaction of N lock ops,
 //     with the session's record and the removal of its tickets as far as
@@ -60,11 +66,19 @@ type multiHold struct {
 	// tickets: the CreateIndex of the request's ticket in each key's
 	// queue (0 without); ahead: the live tickets ahead of it, by key, as
 	// far as this replica knows (they only ever leave); freeSince: when
-	// each key was first seen free with a ticket ahead (queueGrace).
+	// each key was first seen free with a ticket ahead (queueGrace), and
+	// aheadMark the touchMark of its tickets ahead then.
 	tickets     []uint64
 	ahead       [][]*Entry
 	freeSince   []time.Time
+	aheadMark   []uint64
 	ticketTried bool
+	// ticketMod: each ticket's ModifyIndex as last known (what a touch
+	// checks); heads: the keys free with no live ticket ahead of the
+	// request's, as the last attempt saw them; touched: the last touch.
+	ticketMod []uint64
+	heads     []bool
+	touched   time.Time
 	// resumeReads: openResumed's reads, for resume's first attempt.
 	resumeReads []*State
 
@@ -129,6 +143,7 @@ func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Ev
 	m := &multiHold{h: h, keys: append([]string{spec.Key}, spec.Keys...), changed: make(chan struct{}, 1), stop: make(chan struct{})}
 	n := len(m.keys)
 	m.tickets, m.ahead, m.freeSince = make([]uint64, n), make([][]*Entry, n), make([]time.Time, n)
+	m.aheadMark, m.ticketMod, m.heads = make([]uint64, n), make([]uint64, n), make([]bool, n)
 	m.values = make([][]byte, n)
 	for i := range m.values {
 		m.values[i] = spec.Value
@@ -445,6 +460,9 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 			continue // queued: look again, with the place
 		}
 		races = 0
+		if m.touch(ctx, sts) {
+			fresh = true // a ticket moved under the touch: read again
+		}
 		pos := m.position(blocked)
 		if reported == nil || !sameHolders(reported, blocked) || reported.Key != blocked.Key || pos != reportedPos || reported.Waiting != blocked.Waiting {
 			reported, reportedPos = blocked, pos
@@ -470,6 +488,12 @@ func (m *multiHold) sleep(ctx context.Context, reported *State, pos int, beat *t
 		defer t.Stop()
 		grace = t.C
 	}
+	var touch <-chan time.Time
+	if d, ok := m.touchLeft(); ok {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		touch = t.C
+	}
 	cutOff := h.b.reach.lost()
 	for {
 		select {
@@ -491,6 +515,8 @@ func (m *multiHold) sleep(ctx context.Context, reported *State, pos int, beat *t
 		case <-delay:
 			return nil
 		case <-grace:
+			return nil
+		case <-touch:
 			return nil
 		case <-m.changed:
 			return nil
@@ -530,11 +556,16 @@ func (m *multiHold) attempt(ctx context.Context, sts []*State) ([]Sequencer, *St
 		}
 	}
 	for i, st := range sts {
+		m.heads[i] = false
 		if m.tickets[i] == 0 {
 			if st.othersQueued(m.h.session) && blocked == nil {
 				blocked = st
 			}
-		} else if m.aheadOf(i, st) > 0 && blocked == nil {
+			continue
+		}
+		ahead := m.aheadOf(i, st)
+		m.heads[i] = ahead == 0 && len(st.Holders) == 0
+		if ahead > 0 && blocked == nil {
 			blocked = st
 		}
 	}
@@ -548,7 +579,8 @@ func (m *multiHold) attempt(ctx context.Context, sts []*State) ([]Sequencer, *St
 // aheadOf drops from key i's tickets ahead those st shows gone or dead
 // (st is trusted only for tickets no newer than itself) and returns how
 // many are left; a key that has stood free for queueGrace with tickets
-// ahead counts none (their waiters are gone, see ticket.go).
+// ahead, none of them touched meanwhile, counts none (their waiters are
+// gone, see ticket.go).
 func (m *multiHold) aheadOf(i int, st *State) int {
 	if !st.partial {
 		m.ahead[i] = slices.DeleteFunc(m.ahead[i], func(t *Entry) bool {
@@ -563,8 +595,10 @@ func (m *multiHold) aheadOf(i int, st *State) int {
 		m.freeSince[i] = time.Time{}
 		return len(m.ahead[i])
 	}
-	if m.freeSince[i].IsZero() {
-		m.freeSince[i] = time.Now()
+	if mark := touchMark(st, m.ahead[i]); m.freeSince[i].IsZero() || mark > m.aheadMark[i] {
+		// Newly free, or a ticket ahead was touched since: its waiter
+		// lives (see touch), and the grace starts again.
+		m.freeSince[i], m.aheadMark[i] = time.Now(), mark
 	}
 	if time.Since(m.freeSince[i]) >= queueGrace {
 		return 0
@@ -587,6 +621,67 @@ func (m *multiHold) graceLeft() (time.Duration, bool) {
 		}
 	}
 	return left, ok
+}
+
+// touchLeft is how long until the request must touch its tickets again
+// (see touch), when it heads the queue of a free key.
+func (m *multiHold) touchLeft() (time.Duration, bool) {
+	if !slices.Contains(m.heads, true) {
+		return 0, false
+	}
+	return max(time.Until(m.touched.Add(queueTouch())), time.Millisecond), true
+}
+
+// touch shows waiters behind the request that it is alive, when it heads
+// the queue of a free key it cannot take yet (the last attempt's heads)
+// and queueTouch has passed since the last touch: one transaction
+// rewrites its tickets on those keys by check-and-set on their
+// ModifyIndex (their CreateIndex, the request's place, stays), so that
+// their ModifyIndex moves and each waiter behind restarts its grace
+// (aheadOf, waiter.turn). A broker-owned session's record conditions it,
+// as every write for the session. Best effort: a failure reports whether
+// a ticket or the record moved (the caller reads again); the next
+// touch, or the grace of the waiters behind, follows as before.
+func (m *multiHold) touch(ctx context.Context, sts []*State) bool {
+	h := m.h
+	if time.Since(m.touched) < queueTouch() || !slices.Contains(m.heads, true) {
+		return false
+	}
+	var ops []Op
+	if rec := h.record(); h.owned && rec.index != 0 {
+		ops = append(ops, rec.guard())
+	}
+	first := len(ops)
+	var touched []int
+	for i, key := range m.keys {
+		if !m.heads[i] {
+			continue
+		}
+		tk := ticketKey(key, h.session)
+		mod := m.ticketMod[i]
+		if e := sts[i].entry(tk); e != nil && e.CreateIndex == m.tickets[i] && e.ModifyIndex > mod {
+			mod = e.ModifyIndex
+		}
+		if mod == 0 {
+			continue
+		}
+		touched = append(touched, i)
+		ops = append(ops, Op{Verb: OpCAS, Key: tk, Index: mod, Flags: QueueFlagValue, Value: ticketValue(h.b.id, mod)})
+	}
+	if len(touched) == 0 {
+		return false
+	}
+	m.touched = time.Now()
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		return asTxnError(err) != nil
+	}
+	for j, i := range touched {
+		if e := res[first+j]; e != nil {
+			m.ticketMod[i] = e.ModifyIndex
+		}
+	}
+	return false
 }
 
 // grant takes every key in one transaction: a lock op per key, and per
@@ -669,7 +764,7 @@ func (m *multiHold) grant(ctx context.Context, sts []*State) ([]Sequencer, error
 		seqs[i] = Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}
 	}
 	for i := range m.tickets {
-		m.tickets[i] = 0
+		m.tickets[i], m.ticketMod[i] = 0, 0
 	}
 	if recInline {
 		next.index, next.live = recordWritten(ops, res, h.session), true
@@ -734,7 +829,7 @@ func (m *multiHold) enqueue(ctx context.Context, sts []*State) error {
 	}
 	for i, key := range m.keys {
 		t := res[2*i]
-		m.tickets[i] = t.CreateIndex
+		m.tickets[i], m.ticketMod[i] = t.CreateIndex, t.ModifyIndex
 		m.ahead[i] = nil
 		for _, o := range sts[i].tickets {
 			if o.CreateIndex < t.CreateIndex && o.Session != h.session && ticketLive(key, o) {

@@ -293,7 +293,7 @@ func (b *Broker) listQueues(ctx context.Context, keys map[string]bool, tenants m
 		for _, t := range st.tickets {
 			if ticketLive(key, t) {
 				pos++
-				out = append(out, HoldInfo{Tenant: tenants[t.Session], Key: key, Session: t.Session, Replica: string(t.Value), Waiting: true, Position: pos})
+				out = append(out, HoldInfo{Tenant: tenants[t.Session], Key: key, Session: t.Session, Replica: ticketReplica(t.Value), Waiting: true, Position: pos})
 			}
 		}
 	}

@@ -34,7 +34,10 @@ type waiter struct {
 	// ticket ahead of its own (zero otherwise): after queueGrace it
 	// takes the key all the same (ticket.go).
 	freeSince time.Time
-	position  int // in the shared queue, as last reported
+	// touched is touchMark of the tickets ahead when freeSince was last
+	// set: a touch of one of them since restarts the grace (ticket.go).
+	touched  uint64
+	position int // in the shared queue, as last reported
 }
 
 // QueuedHeartbeat is how often a waiting request hears `queued` again when
@@ -405,7 +408,8 @@ func (w *waiter) report(ctx context.Context, st *State, delayLeft time.Duration)
 // the attempt, see trySemaphore). A lock's may when the key is free and
 // it is at the head of the key's shared queue: a newcomer when nobody is
 // queued, a waiter when no live ticket is older than its own, or when the
-// key has stood free for queueGrace with the head not taking it.
+// key has stood free for queueGrace with the head not taking it nor
+// touching its ticket.
 func (w *waiter) turn(st *State) bool {
 	h := w.h
 	if _, ok := st.holder(h.session); ok {
@@ -440,8 +444,10 @@ func (w *waiter) turn(st *State) bool {
 	if h.aheadOf(st) == 0 {
 		return true
 	}
-	if w.freeSince.IsZero() {
-		w.freeSince = time.Now()
+	if mark := h.aheadTouched(st); w.freeSince.IsZero() || mark > w.touched {
+		// The key is newly free, or a head touched its ticket since:
+		// alive, and waiting for more than this key (a multi-key waiter).
+		w.freeSince, w.touched = time.Now(), mark
 	}
 	return time.Since(w.freeSince) >= queueGrace
 }
