@@ -700,12 +700,14 @@ func (m *multiHold) grant(ctx context.Context, sts []*State) ([]Sequencer, error
 		if st.partial && len(m.keys) <= maxLazyKeys {
 			// Not a listing (this replica's own release, or nothing
 			// known: absent): the transaction checks it, as a single
-			// hold's grant does (tryLock).
+			// hold's grant does (tryLock), and that no semaphore took
+			// the key as its prefix meanwhile.
 			if st.lock == nil {
-				must = append(must, Op{Verb: OpCheckNotExists, Key: key}, Op{Verb: OpCheckNotExists, Key: key + semLockSuffix})
+				must = append(must, Op{Verb: OpCheckNotExists, Key: key})
 			} else {
 				must = append(must, Op{Verb: OpCheckIndex, Key: key, Index: st.lock.ModifyIndex})
 			}
+			must = append(must, Op{Verb: OpCheckNotExists, Key: key + semLockSuffix})
 		}
 		lockOp[i] = len(must)
 		must = append(must, Op{Verb: OpLock, Key: key, Value: h.spec.Value, Flags: LockFlagValue, Session: h.session})
