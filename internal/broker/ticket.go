@@ -429,10 +429,13 @@ func (h *hold) tidyAfter() {
 		return // a hand-off's grantee tidies when its own hold ends
 	}
 	st, _ := h.sub.state()
-	if st == nil || st.othersQueued(h.session) {
+	switch {
+	case st == nil && h.enqueued:
+		// No view (its watch never ran: see needsWatch): a hold that
+		// queued tidies after a read.
+	case st == nil || st.othersQueued(h.session):
 		return
-	}
-	if !h.enqueued && (st.partial || (st.guard == nil && len(st.tickets) == 0)) {
+	case !h.enqueued && (st.partial || (st.guard == nil && len(st.tickets) == 0)):
 		return // never queued, and nothing to tidy in sight
 	}
 	b, store, key := h.b, h.st, h.spec.Key

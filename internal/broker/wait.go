@@ -149,7 +149,7 @@ func (w *waiter) queue(ctx context.Context, st *State, delayLeft time.Duration, 
 // lock-delay ends, or the wait must end (the error).
 func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, timeout <-chan time.Time, failed <-chan error) (*State, error) {
 	h := w.h
-	if h.ticket != nil || !h.b.heldHere(st) {
+	if h.needsWatch(st) {
 		h.sub.activate() // a waiter needs the key's changes now
 	}
 	var grace <-chan time.Time
@@ -207,6 +207,24 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 		}
 		return st, nil
 	}
+}
+
+// needsWatch says whether a waiter needs its key's watch now: unless
+// every holder st shows is a hold of this replica and no ticket is ahead
+// of the waiter's, only Consul can tell it when its turn comes. A waiter
+// that is next behind a holder of this replica learns it here: the
+// holder's release hands it the lock (handoff.go), or, when it does not,
+// the holder's end starts the watch (hold.close); a holder's loss is
+// noticed by the holder (its young checks, or its watch once it is no
+// longer young). So a hand-off to it is one transaction with no blocking
+// query of the key to answer at the same moment (on a busy agent that
+// answer slows the transaction down by a third or more). Its watch still
+// starts when it is no longer young.
+func (h *hold) needsWatch(st *State) bool {
+	if !h.b.heldHere(st) {
+		return true
+	}
+	return h.ticket != nil && h.aheadOf(st) > 0
 }
 
 // sendQueued tells the client that the request waits behind st, with the
