@@ -172,6 +172,30 @@ func TestSemaphoreMovedWaitKeepsItsPlace(t *testing.T) {
 		assert.Equal(t, e.CreateIndex, now.CreateIndex, "%s lost its place", name)
 	}
 
+	// ListHolds lists the waiters in arrival order with their replicas:
+	// the moved waits now on r0's replica, l3 on another.
+	admin := lockbrokerv1.NewAdminServiceClient(conn2)
+	resp, err := admin.ListHolds(lkCtx(t), &lockbrokerv1.ListHoldsRequest{KeyPrefix: prefix})
+	require.NoError(t, err)
+	var listed []*lockbrokerv1.HoldInfo
+	for _, h := range resp.GetHolds() {
+		if h.GetWaiting() {
+			listed = append(listed, h)
+		}
+	}
+	require.Len(t, listed, len(order)-limit, "ListHolds lists every waiter")
+	for i, h := range listed {
+		w := order[limit+i]
+		assert.EqualValues(t, i+1, h.GetPosition(), "%s's place", w.name)
+		if e := moved[w.name]; e != nil {
+			assert.Equal(t, e.Session, h.GetSessionId(), "%s listed in its place", w.name)
+		}
+		assert.NotEmpty(t, h.GetReplica(), "%s's replica", w.name)
+	}
+	assert.Equal(t, listed[0].GetReplica(), listed[1].GetReplica(), "m1 waits on r0's replica now")
+	assert.Equal(t, listed[0].GetReplica(), listed[2].GetReplica(), "m2 waits on r0's replica now")
+	assert.NotEqual(t, listed[0].GetReplica(), listed[3].GetReplica(), "l3 waits on another replica")
+
 	// One slot at a time: each release admits the next waiter in arrival
 	// order, and nobody behind it.
 	var last uint64
