@@ -308,8 +308,9 @@ func (b *Broker) notHolder(ctx context.Context, st *State, session string, token
 	return newError(ErrNotHolder, ReasonNotHolder, "session %s does not hold %q; %s", session, st.Key, describeHolders(st)).withState(st)
 }
 
-// waiterNotHolder is Release's answer, without a token, for a session
-// that waits for st's key in its queue and holds nothing: NOT_HOLDER
+// waiterNotHolder is Release's (and SetValue's) answer, without a token,
+// for a session that waits for st's key in its queue and holds nothing:
+// NOT_HOLDER
 // (FAILED_PRECONDITION), whoever holds the key, and nothing is written;
 // the wait goes on (cancelling its Acquire stream ends it).
 func (b *Broker) waiterNotHolder(ctx context.Context, st *State, session string) error {

@@ -32,9 +32,10 @@ func kvUnder(t *testing.T, cli *api.Client, session string, keys ...string) []st
 	return out
 }
 
-// TestReleaseOfAWaiter: a token-less Release of a request that waits (a
-// lock's, a semaphore's, a reader's or writer's, a multi-key one's) holds
-// nothing: FAILED_PRECONDITION (not held), through the waiter's replica
+// TestReleaseOfAWaiter: a token-less Release (or SetValue) of a request
+// that waits (a lock's, a semaphore's, a reader's or writer's, a
+// multi-key one's) holds nothing: FAILED_PRECONDITION (not held), through
+// the waiter's replica
 // and another, before the token rule (INVALID_ARGUMENT for a
 // broker-owned session that holds), since no token exists for a waiter.
 // Nothing is written, and the wait goes on: the holder's release grants
@@ -102,6 +103,8 @@ func TestReleaseOfAWaiter(t *testing.T) {
 			for i, c := range []lockbrokerv1.LockServiceClient{ca, cb} {
 				resp, err := c.Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: key, SessionId: session})
 				assert.Equal(t, codes.FailedPrecondition, status.Code(err), "replica %d: Release answered %v, %v", i, resp, err)
+				sv, err := c.SetValue(lkCtx(t), &lockbrokerv1.SetValueRequest{Key: key, SessionId: session, Value: []byte("x")})
+				assert.Equal(t, codes.FailedPrecondition, status.Code(err), "replica %d: SetValue answered %v, %v", i, sv, err)
 			}
 			assert.Equal(t, before, kvUnder(t, cli, session, root), "the Release wrote to Consul")
 
