@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockbroker/lockbroker/internal/consultest"
 	"github.com/lockbroker/lockbroker/test/chaos"
 )
 
@@ -136,12 +137,21 @@ func run() int {
 		}
 		bins[tags] = bin
 	}
-	cluster, err := chaos.StartCluster(ctx, filepath.Join(*out, "consul"), 0)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos:", err)
-		return 2
+	// The shared cluster, unless every run starts its own (a single
+	// -mutant run of a quiet mutant).
+	var shared *consultest.Cluster
+	for _, m := range runs {
+		if (m == "" && !p.OwnCluster) || (m != "" && !chaos.MutantProfile(m).OwnCluster) {
+			cluster, err := chaos.StartCluster(ctx, filepath.Join(*out, "consul"), 0)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "chaos:", err)
+				return 2
+			}
+			defer cluster.Close()
+			shared = cluster.Cluster
+			break
+		}
 	}
-	defer cluster.Close()
 
 	status := 0
 	var summary []string
@@ -156,7 +166,7 @@ func run() int {
 		}
 		dir := filepath.Join(*out, name)
 		rep, err := chaos.Run(ctx, chaos.Config{Profile: rp, Seed: seed, Mutant: m, BrokerBin: bins[chaos.Mutants[m]],
-			OutDir: dir, Cluster: cluster.Cluster, Progress: os.Stdout})
+			OutDir: dir, Cluster: shared, Progress: os.Stdout})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
