@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -99,7 +98,7 @@ func (st *State) deriveRW() {
 	}
 	body := rwBody{Holders: map[string]string{}}
 	if st.lock != nil && len(st.lock.Value) > 0 {
-		if err := json.Unmarshal(st.lock.Value, &body); err != nil {
+		if err := decodeRWBody(st.lock.Value, &body); err != nil {
 			st.rwErr = fmt.Errorf("%w: read-write lock %q has a malformed state: %v", ErrConflict, st.Key, err)
 			return
 		}
@@ -215,7 +214,7 @@ func rwBodyWith(st *State, session, mode, drop string) ([]byte, error) {
 	if mode != "" {
 		b.Holders[session] = mode
 	}
-	return json.Marshal(b)
+	return encodeRWBody(b)
 }
 
 // rwStateOps write K's new body by check-and-set on st (creating K, and
@@ -560,7 +559,7 @@ func rwLeaveOps(st *State, session string) ([]Op, bool, error) {
 // rwForceOps end every hold of the read-write lock in st: K loses every
 // holder (one check-and-set) and their contender entries are deleted.
 func rwForceOps(st *State) ([]Op, error) {
-	body, err := json.Marshal(rwBody{Holders: map[string]string{}, Seq: st.nextSeq()})
+	body, err := encodeRWBody(rwBody{Holders: map[string]string{}, Seq: st.nextSeq()})
 	if err != nil {
 		return nil, err
 	}
