@@ -110,9 +110,12 @@ func (st *State) deriveRW() {
 	for sid, m := range body.Holders {
 		if c, ok := st.contenders[sid]; ok {
 			st.Holders = append(st.Holders, Holder{Session: sid, Value: c.Value, LockIndex: c.LockIndex, CreateIndex: c.CreateIndex, Read: m == "r"})
+		} else if c := st.children[sid]; c != nil && rwContenderFlags(c.Flags) && c.Session == "" {
+			st.rwDead = append(st.rwDead, rwDeadHolder{Session: sid, Mode: m, Entry: c})
 		}
 	}
 	sort.Slice(st.Holders, func(i, j int) bool { return st.Holders[i].CreateIndex < st.Holders[j].CreateIndex })
+	sort.Slice(st.rwDead, func(i, j int) bool { return st.rwDead[i].Entry.CreateIndex < st.rwDead[j].Entry.CreateIndex })
 	st.Waiting = len(st.contenders) - len(st.Holders)
 }
 
@@ -197,10 +200,55 @@ func rwGrantable(st *State, session string, write bool, me *Entry) bool {
 	return true
 }
 
-// rwBodyWith is st's body with only its live holders, plus session in
-// mode when mode is not empty, minus drop.
-func rwBodyWith(st *State, session, mode, drop string) ([]byte, error) {
+// rwDeadHolder is a dead holder of a read-write lock: a session K lists
+// whose contender entry is still there but no longer held, which only
+// the end of the session does (an operator's destroy, a TTL expiry, a
+// failed health check; a release deletes the entry). Consul put that
+// entry in the session's lock-delay. Until a grant deletes the entry
+// with a lock of it (rwDeadLockOps), which Consul refuses within the
+// lock-delay, K keeps listing it and no other write deletes the entry:
+// so a read-write lock honours its holders' lock-delay as a lock does.
+type rwDeadHolder struct {
+	Session string
+	Mode    string // "r" or "w", as K lists it
+	Entry   *Entry
+}
+
+// rwDeadMax bounds the dead holders one grant deletes (three operations
+// each); more than that are deleted by transactions of their own first.
+const rwDeadMax = 32
+
+// rwDeadListed says whether name is a dead holder in st.
+func (st *State) rwDeadListed(name string) bool {
+	for _, d := range st.rwDead {
+		if d.Session == name {
+			return true
+		}
+	}
+	return false
+}
+
+// rwDeadLockOps delete dead holders' entries, each unchanged since st
+// and locked by session first: Consul refuses the whole transaction
+// (TxnLockDelay) while any of them is in its lock-delay.
+func rwDeadLockOps(dead []rwDeadHolder, session string) []Op {
+	var ops []Op
+	for _, d := range dead {
+		ops = append(ops,
+			Op{Verb: OpCheckIndex, Key: d.Entry.Key, Index: d.Entry.ModifyIndex},
+			Op{Verb: OpLock, Key: d.Entry.Key, Flags: d.Entry.Flags, Session: session},
+			Op{Verb: OpDelete, Key: d.Entry.Key})
+	}
+	return ops
+}
+
+// rwBodyWith is st's body with only its live holders and the dead ones
+// in keep, plus session in mode when mode is not empty, minus drop.
+func rwBodyWith(st *State, session, mode, drop string, keep []rwDeadHolder) ([]byte, error) {
 	b := rwBody{Holders: map[string]string{}, Seq: st.nextSeq()}
+	for _, d := range keep {
+		b.Holders[d.Session] = d.Mode
+	}
 	for _, hd := range st.Holders {
 		if hd.Session == drop {
 			continue
@@ -241,14 +289,15 @@ func rwStateOps(st *State, body []byte) []Op {
 
 // rwDeadOps delete contender entries (the read-write lock's, or an
 // api.Semaphore's left by a refused attempt) whose session ended, except
-// session's own.
+// session's own and the dead holders' (see rwDeadHolder): a dead waiter's
+// lock-delay protects nothing.
 func rwDeadOps(st *State, session string) []Op {
 	var ops []Op
 	for name, c := range st.children {
 		if len(ops) == maxDeadCleanup {
 			break
 		}
-		if name != session && c.Session == "" && (rwContenderFlags(c.Flags) || c.Flags == SemaphoreFlagValue) && c.Key != st.Key+semLockSuffix {
+		if name != session && c.Session == "" && (rwContenderFlags(c.Flags) || c.Flags == SemaphoreFlagValue) && c.Key != st.Key+semLockSuffix && !st.rwDeadListed(name) {
 			ops = append(ops, Op{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex})
 		}
 	}
@@ -318,7 +367,12 @@ func (h *hold) firstRW(ctx context.Context) (*State, error) {
 				return next, nil
 			}
 			kw.forgetRW(st)
-			if err != errRace {
+			if err == errLockDelay && fresh {
+				// A try-once beside a dead holder in its lock-delay (the
+				// end is unknown here: the session is gone).
+				return nil, newError(ErrBusy, ReasonLockDelay, "key %q is in Consul's lock-delay of a holder whose session ended (its end is unknown to this broker)", h.spec.Key).withState(st)
+			}
+			if err != errRace && err != errLockDelay {
 				return nil, err
 			}
 		}
@@ -347,6 +401,20 @@ func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
 	key := h.spec.Key
 	ck := contenderKey(key, h.session)
 	grant := rwGrantable(st, h.session, h.spec.Mode == ModeWrite, nil)
+	// A grant beside dead holders deletes their entries under their
+	// lock-delay (rwDeadLockOps). An arrival that waits is never refused
+	// for it: it enters without the grant, keeping them listed, and its
+	// next attempt (tryRW) asks for the grant. A try-once asks for both in
+	// one transaction: refused, it wrote nothing and answers LOCK_DELAY.
+	keep := st.rwDead
+	var deadOps []Op
+	if grant && len(st.rwDead) > 0 {
+		if h.tryOnce() && len(st.rwDead) <= rwDeadMax {
+			keep, deadOps = nil, rwDeadLockOps(st.rwDead, h.session)
+		} else {
+			grant = false
+		}
+	}
 	mode := ""
 	if grant {
 		mode = h.rwMode()
@@ -356,7 +424,7 @@ func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
 	// goes in this very check-and-set, before its new entry makes it look
 	// like a holder. (Built on the derived holders, the body leaves it out
 	// anyway; the drop says so.)
-	body, err := rwBodyWith(st, h.session, mode, h.session)
+	body, err := rwBodyWith(st, h.session, mode, h.session, keep)
 	if err != nil {
 		return nil, err
 	}
@@ -372,6 +440,7 @@ func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
 	}
 	entryAt := len(ops)
 	ops = append(ops, Op{Verb: OpLock, Key: ck, Value: h.spec.Value, Flags: h.rwFlags(), Session: h.session})
+	ops = append(ops, deadOps...)
 	ops = append(ops, rwDeadOps(st, h.session)...)
 	recAt := -1
 	var next *record
@@ -401,6 +470,9 @@ func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
 					return nil, newError(ErrAborted, ReasonSessionLost, "the request's session %s was invalidated", h.session)
 				}
 				return nil, sessionError(ErrSessionNotFound, h.session)
+			}
+			if te.Has(TxnLockDelay) {
+				return nil, errLockDelay
 			}
 			if recAt >= 0 && te.Failed(recAt) {
 				if err := h.reloadRecord(ctx); err != nil {
@@ -485,13 +557,23 @@ func (h *hold) tryRW(ctx context.Context, st *State, fresh bool) (*Sequencer, er
 	if !rwGrantable(st, h.session, h.spec.Mode == ModeWrite, me) {
 		return nil, nil
 	}
-	body, err := rwBodyWith(st, h.session, h.rwMode(), "")
+	// Dead holders (rwDeadHolder) go with the grant, each entry deleted
+	// under a lock of it: within its lock-delay Consul refuses the whole
+	// grant (errLockDelay: the waiter waits it out). More than one
+	// transaction takes are deleted first, without the grant.
+	dead, keep := st.rwDead, []rwDeadHolder(nil)
+	if len(dead) > rwDeadMax {
+		dead, keep = dead[:rwDeadMax], dead[rwDeadMax:]
+		return nil, h.rwDropDead(ctx, st, dead, keep)
+	}
+	body, err := rwBodyWith(st, h.session, h.rwMode(), "", keep)
 	if err != nil {
 		return nil, err
 	}
 	ops := []Op{{Verb: OpCheckSession, Key: me.Key, Session: h.session}}
 	casAt := len(ops)
 	ops = append(ops, rwStateOps(st, body)...)
+	ops = append(ops, rwDeadLockOps(dead, h.session)...)
 	ops = append(ops, rwDeadOps(st, h.session)...)
 	rec := h.record()
 	next := rec.with(key, false)
@@ -514,6 +596,24 @@ func (h *hold) tryRW(ctx context.Context, st *State, fresh bool) (*Sequencer, er
 	h.rwBase = base
 	h.mu.Unlock()
 	return &Sequencer{Key: key, Session: h.session, LockIndex: me.LockIndex, Token: rwToken(res[casAt]), Kind: KindRWLock, Read: h.spec.Mode == ModeRead}, nil
+}
+
+// rwDropDead deletes the entries of dead (dead holders of st) under
+// their lock-delay, keeping keep listed, without a grant: errRace when it
+// did (the waiter reads the key again), errLockDelay, or a final error.
+func (h *hold) rwDropDead(ctx context.Context, st *State, dead, keep []rwDeadHolder) error {
+	body, err := rwBodyWith(st, h.session, "", "", keep)
+	if err != nil {
+		return err
+	}
+	ops := rwStateOps(st, body)
+	ops = append(ops, rwDeadLockOps(dead, h.session)...)
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		return h.txnFailure(ctx, err, -1)
+	}
+	h.sub.kw.noteRW(afterTxn(st, ops, res))
+	return errRace
 }
 
 // rwTurn says whether an RW waiter may attempt on st (see turn).
@@ -567,6 +667,11 @@ func rwLoss(st *State, seq Sequencer) (lost bool, reason LostReason, detail stri
 func rwLeaveOps(st *State, session string) ([]Op, bool, error) {
 	var ops []Op
 	_, held := st.holder(session)
+	if st.rwDeadListed(session) {
+		// Its session ended while it held: the entry stays, in its
+		// lock-delay, until a grant deletes it (rwDeadHolder).
+		return nil, false, nil
+	}
 	if c := st.child(session); c != nil && (rwContenderFlags(c.Flags) || c.Flags == SemaphoreFlagValue) && (c.Session == session || c.Session == "") {
 		ops = append(ops, Op{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex})
 	}
@@ -577,9 +682,15 @@ func rwLeaveOps(st *State, session string) ([]Op, bool, error) {
 }
 
 // rwForceOps end every hold of the read-write lock in st: K loses every
-// holder (one check-and-set) and their contender entries are deleted.
+// holder (one check-and-set) and their contender entries are deleted. Dead
+// holders stay listed, their entries in their lock-delay, as a lock's key
+// stays in its lock-delay after a ForceRelease (rwDeadHolder).
 func rwForceOps(st *State) ([]Op, error) {
-	body, err := encodeRWBody(rwBody{Holders: map[string]string{}, Seq: st.nextSeq()})
+	b := rwBody{Holders: map[string]string{}, Seq: st.nextSeq()}
+	for _, d := range st.rwDead {
+		b.Holders[d.Session] = d.Mode
+	}
+	body, err := encodeRWBody(b)
 	if err != nil {
 		return nil, err
 	}
@@ -688,7 +799,7 @@ func (h *hold) leaveOps(st *State) ([]Op, bool, error) {
 		quiet = quiet && sid == h.session
 	}
 	var at uint64
-	if quiet && st.lock != nil && len(ops) > 0 {
+	if quiet && st.lock != nil && len(ops) > 0 && len(st.rwDead) == 0 {
 		at = st.lock.ModifyIndex
 		ops = append(ops, Op{Verb: OpGet, Key: st.Key})
 	}

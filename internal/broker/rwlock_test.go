@@ -82,7 +82,8 @@ func TestRWGrantRule(t *testing.T) {
 
 func TestRWDeriveAndConflicts(t *testing.T) {
 	st := rwListing(t, map[string]string{"a": "r", "b": "r", "gone": "w"},
-		rwContender{"a", "r", 10, false}, rwContender{"b", "r", 12, false}, rwContender{"c", "w", 13, false}, rwContender{"gone", "w", 9, true})
+		rwContender{"a", "r", 10, false}, rwContender{"b", "r", 12, false}, rwContender{"c", "w", 13, false}, rwContender{"gone", "w", 9, true},
+		rwContender{"dw", "r", 14, true})
 	require.Equal(t, KindRWLock, st.Kind)
 	require.Len(t, st.Holders, 2, "a dead holder is not a holder")
 	assert.Equal(t, "a", st.Holders[0].Session)
@@ -103,15 +104,45 @@ func TestRWDeriveAndConflicts(t *testing.T) {
 	assert.Contains(t, rwConflict(sem).Error(), "kind SEMAPHORE")
 	assert.Contains(t, lockConflict(st).Error(), "kind RWLOCK")
 
-	// Leaving deletes the holder's entry (and the dead one), conditioned
-	// on that entry alone: it does not write K, which arrivals and grants
-	// keep moving on a busy key.
+	// "gone" is a dead holder (K lists it, its session ended holding its
+	// entry): its entry stays until a grant deletes it under its
+	// lock-delay. "dw" is a dead waiter: nothing to protect.
+	require.Len(t, st.rwDead, 1)
+	assert.Equal(t, "gone", st.rwDead[0].Session)
+	assert.Equal(t, "w", st.rwDead[0].Mode)
+
+	// Leaving deletes the holder's entry (and the dead waiter's, not the
+	// dead holder's), conditioned on that entry alone: it does not write
+	// K, which arrivals and grants keep moving on a busy key.
 	ops, held, err := rwLeaveOps(st, "a")
 	require.NoError(t, err)
 	assert.True(t, held)
 	require.Len(t, ops, 2)
 	assert.Equal(t, Op{Verb: OpDeleteCAS, Key: "k/a", Index: 10}, ops[0])
-	assert.Equal(t, Op{Verb: OpDeleteCAS, Key: "k/gone", Index: 9}, ops[1])
+	assert.Equal(t, Op{Verb: OpDeleteCAS, Key: "k/dw", Index: 14}, ops[1])
+	// The dead holder's own cleanup (its broker hears its session ended)
+	// leaves its entry too.
+	ops, _, err = rwLeaveOps(st, "gone")
+	require.NoError(t, err)
+	assert.Empty(t, ops)
+	// Every write of K keeps it listed unless it deletes its entry with
+	// a lock of it.
+	b, err := rwBodyWith(st, "n", "", "", st.rwDead)
+	require.NoError(t, err)
+	var kept rwBody
+	require.NoError(t, json.Unmarshal(b, &kept))
+	assert.Equal(t, map[string]string{"a": "r", "b": "r", "gone": "w"}, kept.Holders)
+	force, err := rwForceOps(st)
+	require.NoError(t, err)
+	var forced rwBody
+	require.NoError(t, json.Unmarshal(force[0].Value, &forced))
+	assert.Equal(t, map[string]string{"gone": "w"}, forced.Holders, "ForceRelease keeps the dead holder in its lock-delay")
+	lockOps := rwDeadLockOps(st.rwDead, "me")
+	assert.Equal(t, []Op{
+		{Verb: OpCheckIndex, Key: "k/gone", Index: 9},
+		{Verb: OpLock, Key: "k/gone", Flags: RWWriteFlagValue, Session: "me"},
+		{Verb: OpDelete, Key: "k/gone"},
+	}, lockOps)
 	for _, op := range ops {
 		assert.NotEqual(t, "k", op.Key)
 	}
@@ -126,7 +157,7 @@ func TestRWDeriveAndConflicts(t *testing.T) {
 	_, holds := gone.holder("a")
 	assert.False(t, holds)
 	assert.Equal(t, []string{"b"}, holderSessions(gone))
-	b, err := rwBodyWith(gone, "a", "", "a")
+	b, err = rwBodyWith(gone, "a", "", "a", gone.rwDead)
 	require.NoError(t, err)
 	var next rwBody
 	require.NoError(t, json.Unmarshal(b, &next))

@@ -63,6 +63,9 @@ type State struct {
 	// be used (rwlock.go).
 	rw    *rwBody
 	rwErr error
+	// rwDead are a read-write lock's dead holders: sessions K lists whose
+	// entry their session's end left released (rwlock.go), oldest first.
+	rwDead []rwDeadHolder
 	// contenders are the live semaphore contender entries, by session;
 	// children every direct child entry, by name.
 	contenders map[string]*Entry

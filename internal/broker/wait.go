@@ -27,9 +27,12 @@ type waiter struct {
 	delays      map[string]time.Duration
 	lastHolders []Holder
 	freedAt     time.Time
-	races       int
-	fresh       bool         // the state comes from a consistent read made just now
-	slot        *handoffSlot // offered while sleeping (see handoff.go)
+	// gone: when each holder of a read-write lock was last seen leaving
+	// the holders (rwDelayLeft).
+	gone  map[string]time.Time
+	races int
+	fresh bool         // the state comes from a consistent read made just now
+	slot  *handoffSlot // offered while sleeping (see handoff.go)
 	// freeSince is when this waiter first saw the key free with a live
 	// ticket ahead of its own (zero otherwise): after queueGrace it
 	// takes the key all the same (ticket.go).
@@ -202,6 +205,9 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 				if len(st.Holders) > 0 && len(next.Holders) == 0 {
 					w.lastHolders, w.freedAt = st.Holders, time.Now()
 				}
+				if h.isRW() {
+					w.noteGone(st, next)
+				}
 				return next, nil
 			}
 		}
@@ -373,6 +379,9 @@ func (w *waiter) lockDelay(st *State) (*Sequencer, time.Duration, error) {
 			left, known = max(time.Until(w.freedAt.Add(d)), 10*time.Millisecond), true
 		}
 	}
+	if w.h.isRW() {
+		left, known = w.rwDelayLeft(st)
+	}
 	if !w.h.tryOnce() {
 		return nil, left, nil
 	}
@@ -389,7 +398,7 @@ func (w *waiter) lockDelay(st *State) (*Sequencer, time.Duration, error) {
 // when the holders changed or the lock-delay is what blocks.
 func (w *waiter) report(ctx context.Context, st *State, delayLeft time.Duration) error {
 	h := w.h
-	if !h.sem {
+	if !h.sem || h.isRW() {
 		// Learn a holder's lock-delay while it holds: once its session is
 		// gone it can no longer be read.
 		for _, hd := range st.Holders {
@@ -503,4 +512,42 @@ func (h *hold) conflict(st *State) error {
 		return semaphoreConflict(st, h.limit)
 	}
 	return lockConflict(st)
+}
+
+// noteGone notes when holders of a read-write lock that st listed are no
+// longer holders in next (a dead holder's lock-delay runs from then).
+func (w *waiter) noteGone(st, next *State) {
+	for _, hd := range st.Holders {
+		if _, ok := next.holder(hd.Session); !ok {
+			if w.gone == nil {
+				w.gone = map[string]time.Time{}
+			}
+			w.gone[hd.Session] = time.Now()
+		}
+	}
+	for _, hd := range next.Holders {
+		delete(w.gone, hd.Session)
+	}
+}
+
+// rwDelayLeft is how long the lock-delay of the dead holders of st (a
+// read-write lock's) still blocks a grant: known when this waiter saw each
+// of them hold (its session's lock-delay) and go. Once the end it knows
+// has passed, or when it does not know, it polls.
+func (w *waiter) rwDelayLeft(st *State) (time.Duration, bool) {
+	var end time.Time
+	for _, d := range st.rwDead {
+		delay, ok := w.delays[d.Session]
+		at, seen := w.gone[d.Session]
+		if !ok || !seen {
+			return 200 * time.Millisecond, false
+		}
+		if e := at.Add(delay); e.After(end) {
+			end = e
+		}
+	}
+	if left := time.Until(end); left > 0 {
+		return left, true
+	}
+	return 50 * time.Millisecond, false
 }
