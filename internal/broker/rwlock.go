@@ -31,7 +31,10 @@ import (
 //     by its session, flags RWReadFlagValue or RWWriteFlagValue, with the
 //     holder's value. Its CreateIndex is its place in the queue. An entry
 //     its session no longer holds is dead: skipped, and deleted by the
-//     next write.
+//     next write; except a dead holder's (K lists it), which stays, in its
+//     session's lock-delay, until a grant deletes it under a lock of it
+//     (rwDeadHolder): so a lost holder's lock-delay holds off every grant,
+//     as a lock's does.
 //
 // The grant rule, on the live contenders ordered by CreateIndex: a writer
 // is granted when nobody holds the lock and nobody is ahead of it; a
