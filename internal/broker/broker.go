@@ -43,10 +43,13 @@ type Broker struct {
 
 	tenantStore func(tenant string) Store
 
-	mu      sync.Mutex
-	local   map[string]*hold      // granted holds, by key + "\x00" + session
-	waiting map[*hold]struct{}    // holds waiting for their grant
-	multi   map[string]*multiHold // granted multi-key holds, by each key + "\x00" + session (multikey.go)
+	mu    sync.Mutex
+	local map[string]*hold // granted holds, by key + "\x00" + session
+	// deadSeen: when the janitor first saw each read-write lock's dead
+	// holder, by key + "\x00" + session (deadHolderDue).
+	deadSeen map[string]time.Time
+	waiting  map[*hold]struct{}    // holds waiting for their grant
+	multi    map[string]*multiHold // granted multi-key holds, by each key + "\x00" + session (multikey.go)
 
 	cacheMu sync.Mutex
 	grants  map[string]grantInfo // see fillTokens
@@ -258,7 +261,9 @@ func (b *Broker) janitor(ctx context.Context, every time.Duration) {
 				continue
 			}
 			rec := decodeRecord(e.Key[len(recordPrefix):], e)
-			b.cleanSemaphores(ctx, rec)
+			if !b.cleanSemaphores(ctx, rec) {
+				continue // a dead holder's entry in its lock-delay: later
+			}
 			dead = append(dead, rec.deleteOps()...)
 		}
 		b.deleteRecords(ctx, b.store, dead)
@@ -273,16 +278,50 @@ func (b *Broker) dropDead(ctx context.Context, st Store, session string) {
 	if err != nil || rec.index == 0 || rec.live {
 		return
 	}
-	b.cleanSemaphores(ctx, rec)
+	if !b.cleanSemaphores(ctx, rec) {
+		return // the janitor's, later
+	}
 	_, _ = st.Txn(ctx, rec.deleteOps())
 }
 
 // cleanSemaphores removes an ended session from every semaphore its
-// record lists.
-func (b *Broker) cleanSemaphores(ctx context.Context, rec *record) {
+// record lists. It reports false when a read-write lock keeps it as a
+// dead holder for now (see cleanSemaphore): the record stays, for the
+// janitor's next round.
+func (b *Broker) cleanSemaphores(ctx context.Context, rec *record) bool {
+	done := true
 	for key := range rec.Holds {
-		b.cleanSemaphore(ctx, key, rec.session)
+		done = b.cleanSemaphore(ctx, key, rec.session) && done
 	}
+	return done
+}
+
+// deadHolderFor is how long a dead holder's entry of a read-write lock
+// stays after the janitor first sees it when no grant deletes it: longer
+// than any lock-delay (Consul's and the broker's bound), so that deleting
+// it then, without a lock of it, lifts no protection.
+var deadHolderFor = MaxLockDelay + time.Second
+
+// deadHolderDue says whether the dead holder session of the read-write
+// lock at key may be deleted plainly now (see deadHolderFor); forget
+// drops what is known of it.
+func (b *Broker) deadHolderDue(key, session string, forget bool) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := localKey(key, session)
+	if forget {
+		delete(b.deadSeen, k)
+		return false
+	}
+	if b.deadSeen == nil {
+		b.deadSeen = map[string]time.Time{}
+	}
+	at, ok := b.deadSeen[k]
+	if !ok {
+		b.deadSeen[k] = time.Now()
+		return false
+	}
+	return time.Since(at) >= deadHolderFor
 }
 
 // deleteRecords runs the deletions of dead records, many per transaction
@@ -302,20 +341,33 @@ func (b *Broker) deleteRecords(ctx context.Context, st Store, ops []Op) {
 }
 
 // cleanSemaphore removes an ended session from the semaphore at key (its
-// slot and contender entry), if key is a semaphore.
-func (b *Broker) cleanSemaphore(ctx context.Context, key, session string) {
+// slot and contender entry), if key is a semaphore. A read-write lock's
+// dead holder (rwDeadHolder) is left to the next grant, which deletes its
+// entry under its lock-delay; only when none has come for deadHolderFor
+// is its entry deleted here. It reports false while it is left.
+func (b *Broker) cleanSemaphore(ctx context.Context, key, session string) bool {
 	for attempt := range 5 {
 		st, err := b.readState(ctx, key)
 		if err != nil || (st.Kind != KindSemaphore && st.Kind != KindRWLock) {
-			return
+			b.deadHolderDue(key, session, true)
+			return true
 		}
-		ops, _, err := leaveOps(st, session)
-		if err != nil || len(ops) == 0 {
-			return
+		var ops []Op
+		if st.Kind == KindRWLock && st.rwDeadListed(session) {
+			if !b.deadHolderDue(key, session, false) {
+				return false
+			}
+			c := st.child(session)
+			ops = []Op{{Verb: OpDeleteCAS, Key: c.Key, Index: c.ModifyIndex}}
+		} else if ops, _, err = leaveOps(st, session); err != nil || len(ops) == 0 {
+			b.deadHolderDue(key, session, true)
+			return true
 		}
 		if _, err := b.store.Txn(ctx, ops); asTxnError(err) == nil {
-			return
+			b.deadHolderDue(key, session, true)
+			return true
 		}
 		backoff(ctx, attempt)
 	}
+	return true
 }

@@ -134,3 +134,18 @@ func SetHandoffChain(chain, courtesy time.Duration) (restore func()) {
 	handoffChain, handoffCourtesy = chain, courtesy
 	return func() { handoffChain, handoffCourtesy = oldChain, oldCourtesy }
 }
+
+// CleanSemaphore is cleanSemaphore (the janitor's cleanup of an ended
+// session at key).
+func (b *Broker) CleanSemaphore(key, session string) bool {
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	return b.cleanSemaphore(ctx, key, session)
+}
+
+// SetDeadHolderFor sets deadHolderFor; the returned func restores it.
+func SetDeadHolderFor(d time.Duration) (restore func()) {
+	old := deadHolderFor
+	deadHolderFor = d
+	return func() { deadHolderFor = old }
+}
