@@ -196,9 +196,10 @@ FUZZTIME ?= 30s
 FUZZ_TARGETS := FuzzRequests FuzzSemaphoreLock FuzzHoldStateMachine FuzzAcquireKinds
 
 # About 3 minutes: faults against race-built brokers, then each mutant on
-# a short focused schedule (every mutant must be caught). MUTANT=name runs
-# only that mutant, and fails naming the checker that caught it. SEED=n
-# replays a schedule.
+# a short focused schedule (every mutant must be caught by the checker
+# paired with it, docs/chaos.md "Mutants"). MUTANT=name runs only that
+# mutant, and fails naming the checker that caught it. SEED=n replays a
+# schedule.
 chaos-short: consul
 	$(CHAOS) -profile short $(if $(MUTANT),-mutant $(MUTANT),-mutants)
 

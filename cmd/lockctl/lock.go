@@ -78,8 +78,10 @@ brokers of --addr in turn, starting with the next: same session, same
 token, CMD keeps running. A broker that refuses the resume (the session
 is gone) ends the hold. A wait whose broker goes away (it dies, drains,
 or, with several --addr, misses three of its heartbeats) goes on at the
-next broker that takes it, as a new request: its place in the queue is
-lost, --timeout counts from the start.
+next broker that takes it with its session, keeping its place in the
+queue (a lock's, a semaphore's, a read-write lock's); when that place is
+gone (the session ended) it waits anew there. --timeout counts from the
+start.
 
 The broker says how long the hold is guaranteed after every renewal
 (guaranteed_for). If no renewal arrives in time and no broker has resumed

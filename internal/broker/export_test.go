@@ -125,3 +125,12 @@ func (b *Broker) HasTenantPool(tenant string) bool {
 	defer b.pools.mu.Unlock()
 	return b.pools.m[tenant] != nil
 }
+
+// SetHandoffChain sets how long a key passes by direct hand-off before a
+// release frees it, and how long this replica's waiters then leave it
+// free; the returned func restores both.
+func SetHandoffChain(chain, courtesy time.Duration) (restore func()) {
+	oldChain, oldCourtesy := handoffChain, handoffCourtesy
+	handoffChain, handoffCourtesy = chain, courtesy
+	return func() { handoffChain, handoffCourtesy = oldChain, oldCourtesy }
+}

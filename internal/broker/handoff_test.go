@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -92,4 +93,50 @@ func TestHandOffAnnouncesFirst(t *testing.T) {
 		assert.Greater(t, got.Sequencer.Token, cur.Token)
 		t.Logf("Release took %s with the new holder's send held", took.Round(time.Millisecond))
 	})
+}
+
+// TestWaiterBehindLocalHolderSleepsWithoutWatch: a waiter next behind a
+// holder of its own replica sleeps with no blocking query of the key (a
+// hand-off then commits with no query answering at the same moment), and
+// when the holder's release frees the key instead of handing it over
+// (here the hand-off chain is over at once), the waiter still hears of
+// it at once: the holder's end starts the key's watch. Without that it
+// would sleep until its watch started on its own, 200 ms after the key's
+// first subscription.
+func TestWaiterBehindLocalHolderSleepsWithoutWatch(t *testing.T) {
+	t.Cleanup(broker.SetHandoffChain(0, 5*time.Millisecond)) // restored once the broker has closed
+	_, store := startStore(t, consulstore.Options{})
+	b := broker.New(store, zap.NewNop())
+	t.Cleanup(b.Close)
+
+	const rounds = 10
+	var took []time.Duration
+	watchless := 0
+	for i := range rounds {
+		key := fmt.Sprintf("handoff/watchless/%d", i)
+		began := time.Now()
+		holder := startHold(t, b, lockForever(key), nil)
+		cur := holder.next(broker.EventAcquired).Sequencer
+		w := startHold(t, b, lockForever(key), nil)
+		w.next(broker.EventQueued)
+		time.Sleep(5 * time.Millisecond)
+		// The key's first subscription is younger than its watch's delay:
+		// only the waiter could have started the watch.
+		if mode := b.WatchMode(key); time.Since(began) < 150*time.Millisecond {
+			assert.Equal(t, "pending", mode, "round %d: the waiter next behind a local holder started the key's watch", i)
+			watchless++
+		}
+		t0 := time.Now()
+		ok, err := b.Release(context.Background(), key, cur.Session, cur.Token)
+		require.NoError(t, err, "round %d", i)
+		require.True(t, ok, "round %d", i)
+		w.nextWithin(broker.EventAcquired, 5*time.Second)
+		took = append(took, time.Since(t0))
+		w.cancel()
+		holder.cancel()
+	}
+	slices.Sort(took)
+	t.Logf("release with no hand-off -> the waiter's grant: %v (%d rounds checked watch-less)", took, watchless)
+	assert.Less(t, took[rounds/2], 100*time.Millisecond, "median")
+	assert.Positive(t, watchless, "no round was quick enough to check the watch")
 }

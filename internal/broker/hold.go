@@ -190,6 +190,12 @@ func (h *hold) close() {
 		h.ren.stop()
 	}
 	if h.sub != nil {
+		if !h.sem && !h.handedOff.Load() && h.sub.othersWaiting() {
+			// A waiter next behind this hold may sleep with no watch
+			// (needsWatch): the key changed without a hand-off, and only
+			// Consul can tell it how.
+			h.sub.activate()
+		}
 		h.sub.close()
 	}
 	h.b.holds.Done()

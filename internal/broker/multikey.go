@@ -23,6 +23,15 @@ import (
 //     multi-key requests never wait for each other (no deadlock), and a
 //     single-key waiter that comes later queues behind it on that key
 //     (no starvation);
+//   - while it waits with a key free (another of its keys is held, or
+//     has a ticket ahead), it touches its tickets on the free keys every
+//     queueTouch, in one check-and-set transaction (touch): waiters
+//     behind it there see it alive and do not pass it after queueGrace
+//     (ticket.go), as they would pass a head whose waiter is gone. It
+//     touches them whether it heads those queues or not: when a silent
+//     ticket ahead of it is skipped after the grace, it is already seen
+//     alive, and the waiters behind it, whose grace ran as long, do not
+//     take the key in the moment it becomes the head;
 //   - it is granted when it heads every key's queue (no live ticket ahead
 //     of its own) and every key is free: one transaction of N lock ops,
 //     with the session's record and the removal of its tickets as far as
@@ -31,7 +40,14 @@ import (
 //     held anyway).
 //
 // The hold watches every key; the loss of any ends the whole hold, and
-// one transaction unlocks the others. A release unlocks every key in one
+// one transaction unlocks the others. A newcomer's watches start as a
+// single hold's do (subscribeLazy): only when it must wait, or
+// watchDelay after it subscribed; meanwhile it builds its grant on what
+// this replica knows of each key (its own last release, else absent),
+// which the granting transaction checks, and a granted key is checked
+// every youngEvery until its watch starts (young.go). So an uncontended
+// cycle costs Consul its two transactions and no query, and a fresh
+// hold hears the loss of any key as soon as an older one. A release unlocks every key in one
 // transaction, with the record. A single-key hand-off (handoff.go) never
 // goes to a multi-key waiter: it does not offer a hand-off slot.
 
@@ -46,15 +62,26 @@ type multiHold struct {
 	changed chan struct{} // a key's watch published (see forward)
 	stop    chan struct{}
 	fwd     sync.WaitGroup
+	// lazy: the keys' watches were subscribed lazily and not activated
+	// yet (see subscribe and activate); only the wait loop touches it.
+	lazy bool
 
 	// tickets: the CreateIndex of the request's ticket in each key's
 	// queue (0 without); ahead: the live tickets ahead of it, by key, as
 	// far as this replica knows (they only ever leave); freeSince: when
-	// each key was first seen free with a ticket ahead (queueGrace).
+	// each key was first seen free with a ticket ahead (queueGrace), and
+	// aheadMark the touchMark of its tickets ahead then.
 	tickets     []uint64
 	ahead       [][]*Entry
 	freeSince   []time.Time
+	aheadMark   []uint64
 	ticketTried bool
+	// ticketMod: each ticket's ModifyIndex as last known (what a touch
+	// checks); free: the keys the last attempt saw free while the
+	// request waits with a ticket there; touched: the last touch.
+	ticketMod []uint64
+	free      []bool
+	touched   time.Time
 	// resumeReads: openResumed's reads, for resume's first attempt.
 	resumeReads []*State
 
@@ -63,6 +90,11 @@ type multiHold struct {
 	values  [][]byte    // each key's value as last seen (an unlock writes it back)
 	lostKey string      // the key whose loss ended the hold
 }
+
+// maxLazyKeys: a newcomer with at most this many keys subscribes lazily
+// (see subscribe): its grant on unread states checks each key (up to 4
+// ops a key, with the record's 2).
+const maxLazyKeys = (MaxTxnOps - 2) / 4
 
 // maxMultiValue bounds the values one multi-key grant writes, every key's
 // together (the value limit of a single-key grant): the transaction must
@@ -114,6 +146,7 @@ func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Ev
 	m := &multiHold{h: h, keys: append([]string{spec.Key}, spec.Keys...), changed: make(chan struct{}, 1), stop: make(chan struct{})}
 	n := len(m.keys)
 	m.tickets, m.ahead, m.freeSince = make([]uint64, n), make([][]*Entry, n), make([]time.Time, n)
+	m.aheadMark, m.ticketMod, m.free = make([]uint64, n), make([]uint64, n), make([]bool, n)
 	m.values = make([][]byte, n)
 	for i := range m.values {
 		m.values[i] = spec.Value
@@ -128,7 +161,7 @@ func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Ev
 		return nil, err
 	}
 	b.setWaiting(h, true)
-	m.subscribe()
+	m.subscribe(spec.Resume == nil && len(m.keys) <= maxLazyKeys)
 	if h.owned {
 		h.ren = newRenewer(h.st, h.session, h.ttl, h.start, b.renewals)
 		h.ren.start()
@@ -201,11 +234,14 @@ func (m *multiHold) close() {
 	h.b.holds.Done()
 }
 
-// subscribe watches every key, now (a waiter and a holder both need every
-// key's changes), and forwards their wake-ups to m.changed.
-func (m *multiHold) subscribe() {
+// subscribe watches every key and forwards their wake-ups to m.changed:
+// lazily for a newcomer (as a single hold, see subscribeLazy: the
+// watches start when it must wait, see activate, or watchDelay after
+// now), else at once (a resumed hold or wait needs every key's changes).
+func (m *multiHold) subscribe(lazy bool) {
+	m.lazy = lazy
 	for _, k := range m.keys {
-		s := m.h.b.hub.subscribeAt(k, false)
+		s := m.h.b.hub.subscribeAt(k, lazy)
 		m.subs = append(m.subs, s)
 		m.fwd.Add(1)
 		go func() {
@@ -244,6 +280,18 @@ func (m *multiHold) openSession(ctx context.Context) error {
 	return h.createSession(ctx)
 }
 
+// activate starts every key's watch that is still pending: the request
+// must wait, and wakes on the keys' changes.
+func (m *multiHold) activate() {
+	if !m.lazy {
+		return
+	}
+	m.lazy = false
+	for _, s := range m.subs {
+		s.activate()
+	}
+}
+
 func (m *multiHold) setGrants(seqs []Sequencer) {
 	h := m.h
 	h.mu.Lock()
@@ -254,7 +302,11 @@ func (m *multiHold) setGrants(seqs []Sequencer) {
 	m.mu.Unlock()
 	for i, s := range m.subs {
 		s.want(seqs[i].Token)
+		s.refresh()
 		h.b.hub.known.forget(seqs[i].Key)
+		// Until its watch starts, the key is checked every youngEvery
+		// (nothing for a watch that runs already).
+		s.checkYoung(seqs[i].Key, seqs[i].Session)
 	}
 }
 
@@ -266,7 +318,10 @@ func (m *multiHold) grants() []Sequencer {
 
 // states fills sts with every key's state: the watch's, or a consistent
 // read where the watch knows nothing yet or fresh asks for one (after a
-// race). The reads go out together, a few at a time.
+// race). The reads go out together, a few at a time. A lazy newcomer
+// reads nothing: a key its watch knows nothing of yet is assumed absent
+// (a partial state, which the grant checks, as a single hold's first
+// attempt does).
 func (m *multiHold) states(ctx context.Context, sts []*State, fresh bool) error {
 	var missing []int
 	for i, s := range m.subs {
@@ -274,6 +329,9 @@ func (m *multiHold) states(ctx context.Context, sts []*State, fresh bool) error 
 			st, _ := s.state()
 			if known := m.h.b.hub.knownState(m.keys[i]); known != nil && (st == nil || known.Index > st.Index) {
 				st = known // this replica's own release, newer than the watch (known.go)
+			}
+			if st == nil && m.lazy {
+				st = &State{Key: m.keys[i], Kind: KindNone, partial: true}
 			}
 			if st != nil {
 				sts[i] = st
@@ -390,6 +448,7 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 			h.b.fillTokens(ctx, blocked)
 			return nil, holdersError(ErrBusy, ReasonLockHeld, blocked)
 		}
+		m.activate() // it waits: its keys' changes wake it
 		if delay == nil && m.tickets[0] == 0 {
 			if err := m.enqueue(ctx, sts); errors.Is(err, errRace) {
 				fresh = true
@@ -404,6 +463,9 @@ func (m *multiHold) wait(ctx context.Context) ([]Sequencer, error) {
 			continue // queued: look again, with the place
 		}
 		races = 0
+		if m.touch(ctx, sts) {
+			fresh = true // a ticket moved under the touch: read again
+		}
 		pos := m.position(blocked)
 		if reported == nil || !sameHolders(reported, blocked) || reported.Key != blocked.Key || pos != reportedPos || reported.Waiting != blocked.Waiting {
 			reported, reportedPos = blocked, pos
@@ -429,6 +491,12 @@ func (m *multiHold) sleep(ctx context.Context, reported *State, pos int, beat *t
 		defer t.Stop()
 		grace = t.C
 	}
+	var touch <-chan time.Time
+	if d, ok := m.touchLeft(); ok {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		touch = t.C
+	}
 	cutOff := h.b.reach.lost()
 	for {
 		select {
@@ -450,6 +518,8 @@ func (m *multiHold) sleep(ctx context.Context, reported *State, pos int, beat *t
 		case <-delay:
 			return nil
 		case <-grace:
+			return nil
+		case <-touch:
 			return nil
 		case <-m.changed:
 			return nil
@@ -489,11 +559,15 @@ func (m *multiHold) attempt(ctx context.Context, sts []*State) ([]Sequencer, *St
 		}
 	}
 	for i, st := range sts {
+		m.free[i] = false
 		if m.tickets[i] == 0 {
 			if st.othersQueued(m.h.session) && blocked == nil {
 				blocked = st
 			}
-		} else if m.aheadOf(i, st) > 0 && blocked == nil {
+			continue
+		}
+		m.free[i] = len(st.Holders) == 0
+		if m.aheadOf(i, st) > 0 && blocked == nil {
 			blocked = st
 		}
 	}
@@ -507,7 +581,8 @@ func (m *multiHold) attempt(ctx context.Context, sts []*State) ([]Sequencer, *St
 // aheadOf drops from key i's tickets ahead those st shows gone or dead
 // (st is trusted only for tickets no newer than itself) and returns how
 // many are left; a key that has stood free for queueGrace with tickets
-// ahead counts none (their waiters are gone, see ticket.go).
+// ahead, none of them touched meanwhile, counts none (their waiters are
+// gone, see ticket.go).
 func (m *multiHold) aheadOf(i int, st *State) int {
 	if !st.partial {
 		m.ahead[i] = slices.DeleteFunc(m.ahead[i], func(t *Entry) bool {
@@ -522,8 +597,10 @@ func (m *multiHold) aheadOf(i int, st *State) int {
 		m.freeSince[i] = time.Time{}
 		return len(m.ahead[i])
 	}
-	if m.freeSince[i].IsZero() {
-		m.freeSince[i] = time.Now()
+	if mark := touchMark(st, m.ahead[i]); m.freeSince[i].IsZero() || mark > m.aheadMark[i] {
+		// Newly free, or a ticket ahead was touched since: its waiter
+		// lives (see touch), and the grace starts again.
+		m.freeSince[i], m.aheadMark[i] = time.Now(), mark
 	}
 	if time.Since(m.freeSince[i]) >= queueGrace {
 		return 0
@@ -548,6 +625,67 @@ func (m *multiHold) graceLeft() (time.Duration, bool) {
 	return left, ok
 }
 
+// touchLeft is how long until the request must touch its tickets again
+// (see touch), when it waits with a key free.
+func (m *multiHold) touchLeft() (time.Duration, bool) {
+	if !slices.Contains(m.free, true) {
+		return 0, false
+	}
+	return max(time.Until(m.touched.Add(queueTouch())), time.Millisecond), true
+}
+
+// touch shows waiters behind the request that it is alive, when it waits
+// with keys free (the last attempt's free, where it has tickets) and
+// queueTouch has passed since the last touch: one transaction rewrites
+// its tickets on those keys by check-and-set on their
+// ModifyIndex (their CreateIndex, the request's place, stays), so that
+// their ModifyIndex moves and each waiter behind restarts its grace
+// (aheadOf, waiter.turn). A broker-owned session's record conditions it,
+// as every write for the session. Best effort: a failure reports whether
+// a ticket or the record moved (the caller reads again); the next
+// touch, or the grace of the waiters behind, follows as before.
+func (m *multiHold) touch(ctx context.Context, sts []*State) bool {
+	h := m.h
+	if time.Since(m.touched) < queueTouch() || !slices.Contains(m.free, true) {
+		return false
+	}
+	var ops []Op
+	if rec := h.record(); h.owned && rec.index != 0 {
+		ops = append(ops, rec.guard())
+	}
+	first := len(ops)
+	var touched []int
+	for i, key := range m.keys {
+		if !m.free[i] {
+			continue
+		}
+		tk := ticketKey(key, h.session)
+		mod := m.ticketMod[i]
+		if e := sts[i].entry(tk); e != nil && e.CreateIndex == m.tickets[i] && e.ModifyIndex > mod {
+			mod = e.ModifyIndex
+		}
+		if mod == 0 {
+			continue
+		}
+		touched = append(touched, i)
+		ops = append(ops, Op{Verb: OpCAS, Key: tk, Index: mod, Flags: QueueFlagValue, Value: ticketValue(h.b.id, mod)})
+	}
+	if len(touched) == 0 {
+		return false
+	}
+	m.touched = time.Now()
+	res, err := h.st.Txn(ctx, ops)
+	if err != nil {
+		return asTxnError(err) != nil
+	}
+	for j, i := range touched {
+		if e := res[first+j]; e != nil {
+			m.ticketMod[i] = e.ModifyIndex
+		}
+	}
+	return false
+}
+
 // grant takes every key in one transaction: a lock op per key, and per
 // key the queue's check (a newcomer: no guard, or the removal of a guard
 // that no live ticket needs; both prove that nobody queued since st).
@@ -558,9 +696,21 @@ func (m *multiHold) grant(ctx context.Context, sts []*State) ([]Sequencer, error
 	var must, later []Op
 	lockOp := make([]int, len(m.keys)) // each key's lock op in must
 	for i, key := range m.keys {
+		st := sts[i]
+		if st.partial && len(m.keys) <= maxLazyKeys {
+			// Not a listing (this replica's own release, or nothing
+			// known: absent): the transaction checks it, as a single
+			// hold's grant does (tryLock), and that no semaphore took
+			// the key as its prefix meanwhile.
+			if st.lock == nil {
+				must = append(must, Op{Verb: OpCheckNotExists, Key: key})
+			} else {
+				must = append(must, Op{Verb: OpCheckIndex, Key: key, Index: st.lock.ModifyIndex})
+			}
+			must = append(must, Op{Verb: OpCheckNotExists, Key: key + semLockSuffix})
+		}
 		lockOp[i] = len(must)
 		must = append(must, Op{Verb: OpLock, Key: key, Value: h.spec.Value, Flags: LockFlagValue, Session: h.session})
-		st := sts[i]
 		if m.tickets[i] == 0 {
 			if st.guard == nil {
 				must = append(must, Op{Verb: OpCheckNotExists, Key: key + queueSuffix})
@@ -616,7 +766,7 @@ func (m *multiHold) grant(ctx context.Context, sts []*State) ([]Sequencer, error
 		seqs[i] = Sequencer{Key: key, Session: h.session, LockIndex: e.LockIndex, Token: e.ModifyIndex, Kind: KindLock}
 	}
 	for i := range m.tickets {
-		m.tickets[i] = 0
+		m.tickets[i], m.ticketMod[i] = 0, 0
 	}
 	if recInline {
 		next.index, next.live = recordWritten(ops, res, h.session), true
@@ -681,7 +831,7 @@ func (m *multiHold) enqueue(ctx context.Context, sts []*State) error {
 	}
 	for i, key := range m.keys {
 		t := res[2*i]
-		m.tickets[i] = t.CreateIndex
+		m.tickets[i], m.ticketMod[i] = t.CreateIndex, t.ModifyIndex
 		m.ahead[i] = nil
 		for _, o := range sts[i].tickets {
 			if o.CreateIndex < t.CreateIndex && o.Session != h.session && ticketLive(key, o) {

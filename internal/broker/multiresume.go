@@ -207,7 +207,7 @@ func (m *multiHold) resumeWait(ctx context.Context) error {
 		h.setRecord(next)
 		for i, st := range sts {
 			t := tickets[i]
-			m.tickets[i] = t.CreateIndex
+			m.tickets[i], m.ticketMod[i] = t.CreateIndex, t.ModifyIndex
 			m.ahead[i] = nil
 			for _, o := range st.tickets {
 				if o.CreateIndex < t.CreateIndex && o.Session != seq.Session && ticketLive(st.Key, o) {

@@ -90,3 +90,16 @@ func (s *sub) listing() (entries []*Entry, index, skipped uint64, ready bool) {
 	s.read = s.seen
 	return kw.entries, kw.index, skipped, true
 }
+
+// othersWaiting says whether another subscriber of the key waits.
+func (s *sub) othersWaiting() bool {
+	kw := s.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	for o := range kw.subs {
+		if o != s && o.waiting {
+			return true
+		}
+	}
+	return false
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
+	"slices"
 	"time"
 )
 
@@ -154,6 +155,16 @@ func (r *record) tokenRequired(token uint64) error {
 		return nil
 	}
 	return invalid("token", "is required: session %s was made by the broker for an Acquire stream, so a release or value change must name the grant's token (acquired.sequencer.token)", r.session)
+}
+
+// waitsFor says whether the record shows its session waiting for key in
+// key's queue (a lock's ticket, a semaphore's or read-write lock's
+// contender entry, or a multi-key request's keys) without a grant of it.
+func (r *record) waitsFor(key string) bool {
+	if !r.live || r.Waiting == "" || r.token(key) != 0 {
+		return false
+	}
+	return r.Waiting == key || (len(r.Keys) > 1 && slices.Contains(r.Keys, key))
 }
 
 // guard is the op that conditions a transaction on the record being as

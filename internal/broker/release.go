@@ -13,8 +13,10 @@ import (
 // session holds a later grant of the key, or the key changed since:
 // idempotent, a retry after success is OK), ErrSessionNotFound for an
 // unknown session, ErrInvalid without a token for a live broker-owned
-// session (see record.tokenRequired), and ErrNotHolder when the session
-// does not hold the key (or not that grant) while someone does.
+// session that holds the key (see record.tokenRequired), and ErrNotHolder
+// when the session does not hold the key (or not that grant) while someone
+// does, or, without a token, when it waits for the key: a waiter has no
+// grant, so it is not held whatever the token rule says.
 func (b *Broker) Release(ctx context.Context, key, session string, token uint64) (bool, error) {
 	ok, err := b.releaseAny(ctx, key, session, token)
 	switch {
@@ -123,6 +125,11 @@ func (h *hold) release(ctx context.Context, token uint64) (bool, error, bool) {
 	if token != 0 && token != seq.Token {
 		return false, nil, false
 	}
+	if h.life.Phase() == PhaseWaiting {
+		// It holds nothing yet, so no token can exist for it: the remote
+		// path answers (not held), before any token rule.
+		return false, nil, false
+	}
 	if err := h.record().tokenRequired(token); err != nil {
 		return false, err, true
 	}
@@ -206,6 +213,9 @@ func (b *Broker) releaseRemote(ctx context.Context, key, session string, token u
 		}
 		if err := allowed(ctx, rec, TenantFrom(ctx)); err != nil {
 			return false, err
+		}
+		if _, holds := st.holder(session); !holds && token == 0 && rec.waitsFor(key) {
+			return false, b.waiterNotHolder(ctx, st, session)
 		}
 		if err := rec.tokenRequired(token); err != nil {
 			return false, err
@@ -296,4 +306,14 @@ func (b *Broker) notHolder(ctx context.Context, st *State, session string, token
 	}
 	b.fillTokens(ctx, st)
 	return newError(ErrNotHolder, ReasonNotHolder, "session %s does not hold %q; %s", session, st.Key, describeHolders(st)).withState(st)
+}
+
+// waiterNotHolder is Release's (and SetValue's) answer, without a token,
+// for a session that waits for st's key in its queue and holds nothing:
+// NOT_HOLDER
+// (FAILED_PRECONDITION), whoever holds the key, and nothing is written;
+// the wait goes on (cancelling its Acquire stream ends it).
+func (b *Broker) waiterNotHolder(ctx context.Context, st *State, session string) error {
+	b.fillTokens(ctx, st)
+	return newError(ErrNotHolder, ReasonNotHolder, "session %s does not hold %q: it waits for it and holds nothing (cancel its Acquire stream to stop waiting); %s", session, st.Key, describeHolders(st)).withState(st)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 )
 
@@ -18,6 +19,12 @@ var errNoContender = errors.New("contender entry missing")
 // session already has (a client-owned session coming back) is released
 // and acquired again in one transaction, which bumps its LockIndex: a
 // slot granted now is never mistaken for an earlier grant to the session.
+//
+// A broker-owned session's record goes with the entry, naming the replica
+// that owns the wait (Waiting), as a lock waiter's goes with its ticket
+// (enqueue) and a read-write waiter's with its entry (enterRW): a wait
+// moved to another replica is resumed in its place (resumeWait). No extra
+// call: it rides on the transaction that enters the contender.
 func (h *hold) enterSemaphore(ctx context.Context, st *State) (*Entry, error) {
 	ck := contenderKey(h.spec.Key, h.session)
 	var ops []Op
@@ -27,17 +34,41 @@ func (h *hold) enterSemaphore(ctx context.Context, st *State) (*Entry, error) {
 		return nil, newError(ErrConflict, ReasonForeignFlags, "contender entry %q exists and is not this session's (flags %#x)", ck, c.Flags)
 	}
 	ops = append(ops, Op{Verb: OpLock, Key: ck, Value: h.spec.Value, Flags: SemaphoreFlagValue, Session: h.session})
-	res, err := h.st.Txn(ctx, ops)
-	if te := asTxnError(err); te != nil {
-		if te.Has(TxnSessionInvalid) {
-			return nil, sessionError(ErrSessionNotFound, h.session)
+	entryAt := len(ops) - 1
+	for attempt := 0; ; attempt++ {
+		all, recAt := ops, -1
+		var next *record
+		if h.owned {
+			rec := h.record()
+			next = rec.next()
+			next.Waiting = h.spec.Key
+			recAt = len(all)
+			all = append(slices.Clip(all), rec.writeOps(next)...)
 		}
-		return nil, newError(ErrAborted, ReasonSessionLost, "cannot write contender entry %q: it changed meanwhile", ck)
+		res, err := h.st.Txn(ctx, all)
+		if te := asTxnError(err); te != nil {
+			if te.Has(TxnSessionInvalid) {
+				return nil, sessionError(ErrSessionNotFound, h.session)
+			}
+			if recAt >= 0 && te.Failed(recAt) && attempt == 0 {
+				// The record moved (a pooled session's, known from
+				// before): read it and try once more.
+				if err := h.reloadRecord(ctx); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			return nil, newError(ErrAborted, ReasonSessionLost, "cannot write contender entry %q: it changed meanwhile", ck)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if next != nil {
+			next.index, next.live = recordWritten(all, res, h.session), true
+			h.setRecord(next)
+		}
+		return res[entryAt], nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	return res[len(res)-1], nil
 }
 
 // withContender is st with this session's contender entry e as written:

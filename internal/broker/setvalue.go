@@ -15,10 +15,15 @@ func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte
 		if err := allowed(ctx, rec, TenantFrom(ctx)); err != nil {
 			return nil, err
 		}
+		hd, ok := st.holder(session)
+		if !ok && token == 0 && rec.waitsFor(key) {
+			// A waiter holds nothing, so no token exists for it: not
+			// held, before the token rule (as Release answers).
+			return nil, b.waiterNotHolder(ctx, st, session)
+		}
 		if err := rec.tokenRequired(token); err != nil {
 			return nil, err
 		}
-		hd, ok := st.holder(session)
 		if !ok {
 			if _, err := b.store.Session(ctx, session); err != nil {
 				return nil, sessionError(err, session)

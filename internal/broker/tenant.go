@@ -171,6 +171,7 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 	var out []HoldInfo
 	queues := map[string]bool{} // keys whose queues to list
 	tenants := map[string]string{}
+	owners := map[string]string{}  // the replica that owns each session's hold or wait
 	multi := map[string][]string{} // a multi-key request's keys, by session
 	for _, e := range entries {
 		rec := decodeRecord(strings.TrimPrefix(e.Key, recordPrefix), e)
@@ -178,6 +179,7 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 			continue
 		}
 		tenants[rec.session] = rec.Tenant
+		owners[rec.session] = replicaOf(rec.Owner)
 		if rec.Waiting != "" && strings.HasPrefix(rec.Waiting, prefix) {
 			queues[rec.Waiting] = true
 		}
@@ -219,6 +221,11 @@ func (b *Broker) ListHolds(ctx context.Context, prefix string) ([]HoldInfo, erro
 	}
 	for i, w := range waiters {
 		waiters[i].WithKeys = withKeys(multi[w.Session], w.Key)
+		if w.Replica == "" {
+			// A semaphore's or read-write lock's contender entry does not
+			// name the replica; the waiter's record does (broker-owned).
+			waiters[i].Replica = owners[w.Session]
+		}
 	}
 	// This replica's waiters: when each request came, and those with no
 	// place in the queue yet.
@@ -293,7 +300,7 @@ func (b *Broker) listQueues(ctx context.Context, keys map[string]bool, tenants m
 		for _, t := range st.tickets {
 			if ticketLive(key, t) {
 				pos++
-				out = append(out, HoldInfo{Tenant: tenants[t.Session], Key: key, Session: t.Session, Replica: string(t.Value), Waiting: true, Position: pos})
+				out = append(out, HoldInfo{Tenant: tenants[t.Session], Key: key, Session: t.Session, Replica: ticketReplica(t.Value), Waiting: true, Position: pos})
 			}
 		}
 	}

@@ -32,7 +32,12 @@ import (
 //     there, however stale its view.
 //   - a ticket whose waiter is gone with its session still alive (its
 //     replica was killed along with the client) is skipped once the key
-//     has stood free for queueGrace with nobody taking it.
+//     has stood free for queueGrace with nobody taking it and with no
+//     ticket ahead touched meanwhile. A waiter that waits for something
+//     else while the key is free (a multi-key waiter, one of whose other
+//     keys is held) touches its ticket every queueTouch to show it is
+//     alive (multiHold.touch): a check-and-set that rewrites its value,
+//     so that its ModifyIndex moves (its CreateIndex, its place, stays).
 //
 // Consul's own clients take no ticket; see handoffChain for how they get
 // their turn.
@@ -47,6 +52,40 @@ const queueSuffix = "/.queue"
 // a waiter before the waiter takes it anyway: the head's replica takes a
 // free key within milliseconds, so a head silent that long is gone.
 var queueGrace = time.Second
+
+// queueTouch is how often a waiter that waits on a free key touches its
+// ticket (see above): half the grace, so that a waiter behind it sees a
+// touch within every grace with time to spare for the watch's delay.
+func queueTouch() time.Duration { return queueGrace / 2 }
+
+// ticketValue is the value of a ticket written by replica: its id, and
+// after a touch the ModifyIndex the touch replaced (Consul skips a write
+// that changes nothing, and its ModifyIndex would not move).
+func ticketValue(replica string, replaced uint64) []byte {
+	if replaced == 0 {
+		return []byte(replica)
+	}
+	return strconv.AppendUint([]byte(replica+"\n"), replaced, 10)
+}
+
+// ticketReplica is the replica named by a ticket's value (ticketValue).
+func ticketReplica(value []byte) string {
+	r, _, _ := strings.Cut(string(value), "\n")
+	return r
+}
+
+// touchMark is the newest ModifyIndex among the tickets of ahead that st
+// lists: it grows when one of them is touched (a waiter behind then
+// restarts its grace, see waiter.turn), never when one leaves.
+func touchMark(st *State, ahead []*Entry) uint64 {
+	var n uint64
+	for _, t := range ahead {
+		if e := st.entry(t.Key); e != nil && e.CreateIndex == t.CreateIndex {
+			n = max(n, e.ModifyIndex)
+		}
+	}
+	return n
+}
 
 // ticketKey is the key of session's ticket in key's queue.
 func ticketKey(key, session string) string { return key + queueSuffix + "/" + session }
@@ -298,6 +337,14 @@ func (h *hold) aheadOf(st *State) int {
 	return h.sub.pruneAhead(st)
 }
 
+// aheadTouched is touchMark of the tickets ahead of the hold's in st.
+func (h *hold) aheadTouched(st *State) uint64 {
+	kw := h.sub.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	return touchMark(st, h.sub.ahead)
+}
+
 // position is the hold's place in its key's shared queue (1: next), or 0
 // without a ticket.
 func (h *hold) position(st *State) int {
@@ -382,10 +429,13 @@ func (h *hold) tidyAfter() {
 		return // a hand-off's grantee tidies when its own hold ends
 	}
 	st, _ := h.sub.state()
-	if st == nil || st.othersQueued(h.session) {
+	switch {
+	case st == nil && h.enqueued:
+		// No view (its watch never ran: see needsWatch): a hold that
+		// queued tidies after a read.
+	case st == nil || st.othersQueued(h.session):
 		return
-	}
-	if !h.enqueued && (st.partial || (st.guard == nil && len(st.tickets) == 0)) {
+	case !h.enqueued && (st.partial || (st.guard == nil && len(st.tickets) == 0)):
 		return // never queued, and nothing to tidy in sight
 	}
 	b, store, key := h.b, h.st, h.spec.Key

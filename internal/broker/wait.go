@@ -34,7 +34,10 @@ type waiter struct {
 	// ticket ahead of its own (zero otherwise): after queueGrace it
 	// takes the key all the same (ticket.go).
 	freeSince time.Time
-	position  int // in the shared queue, as last reported
+	// touched is touchMark of the tickets ahead when freeSince was last
+	// set: a touch of one of them since restarts the grace (ticket.go).
+	touched  uint64
+	position int // in the shared queue, as last reported
 }
 
 // QueuedHeartbeat is how often a waiting request hears `queued` again when
@@ -146,7 +149,7 @@ func (w *waiter) queue(ctx context.Context, st *State, delayLeft time.Duration, 
 // lock-delay ends, or the wait must end (the error).
 func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, timeout <-chan time.Time, failed <-chan error) (*State, error) {
 	h := w.h
-	if h.ticket != nil || !h.b.heldHere(st) {
+	if h.needsWatch(st) {
 		h.sub.activate() // a waiter needs the key's changes now
 	}
 	var grace <-chan time.Time
@@ -204,6 +207,24 @@ func (w *waiter) sleep(ctx context.Context, st *State, delayLeft time.Duration, 
 		}
 		return st, nil
 	}
+}
+
+// needsWatch says whether a waiter needs its key's watch now: unless
+// every holder st shows is a hold of this replica and no ticket is ahead
+// of the waiter's, only Consul can tell it when its turn comes. A waiter
+// that is next behind a holder of this replica learns it here: the
+// holder's release hands it the lock (handoff.go), or, when it does not,
+// the holder's end starts the watch (hold.close); a holder's loss is
+// noticed by the holder (its young checks, or its watch once it is no
+// longer young). So a hand-off to it is one transaction with no blocking
+// query of the key to answer at the same moment (on a busy agent that
+// answer slows the transaction down by a third or more). Its watch still
+// starts when it is no longer young.
+func (h *hold) needsWatch(st *State) bool {
+	if !h.b.heldHere(st) {
+		return true
+	}
+	return h.ticket != nil && h.aheadOf(st) > 0
 }
 
 // sendQueued tells the client that the request waits behind st, with the
@@ -405,7 +426,8 @@ func (w *waiter) report(ctx context.Context, st *State, delayLeft time.Duration)
 // the attempt, see trySemaphore). A lock's may when the key is free and
 // it is at the head of the key's shared queue: a newcomer when nobody is
 // queued, a waiter when no live ticket is older than its own, or when the
-// key has stood free for queueGrace with the head not taking it.
+// key has stood free for queueGrace with the head not taking it nor
+// touching its ticket.
 func (w *waiter) turn(st *State) bool {
 	h := w.h
 	if _, ok := st.holder(h.session); ok {
@@ -440,8 +462,10 @@ func (w *waiter) turn(st *State) bool {
 	if h.aheadOf(st) == 0 {
 		return true
 	}
-	if w.freeSince.IsZero() {
-		w.freeSince = time.Now()
+	if mark := h.aheadTouched(st); w.freeSince.IsZero() || mark > w.touched {
+		// The key is newly free, or a head touched its ticket since:
+		// alive, and waiting for more than this key (a multi-key waiter).
+		w.freeSince, w.touched = time.Now(), mark
 	}
 	return time.Since(w.freeSince) >= queueGrace
 }

@@ -34,7 +34,8 @@ const queueReplicas = 3
 //     waiters over the three replicas until each has said `queued` with
 //     its place (api.Lock: Lock called and left 1 s);
 //   - Consul writes per hand-off: those waiters then take the key in
-//     turn, each releasing at once.
+//     turn, each releasing at once;
+//   - the same two rows for a limit-1 semaphore (broker only).
 //
 // Writes are what makes a Raft entry (sessions created and destroyed, KV
 // writes and transactions); every call is listed by kind.
@@ -62,7 +63,8 @@ func TestBenchQueue(t *testing.T) {
 	clients := queueReplicas * *queueClients
 	brC := q.contendedBroker("bench/queue/hot/broker", clients, *queueGrants)
 	apC := q.contendedAPI("bench/queue/hot/api", clients, *queueGrants)
-	brQ, brH := q.brokerQueue("bench/queue/line/broker", *queueWaiters)
+	brQ, brH := q.brokerQueue("bench/queue/line/broker", *queueWaiters, 0)
+	semQ, semH := q.brokerQueue("bench/queue/line/semaphore", *queueWaiters, 1)
 	apQ, apH := q.apiQueue("bench/queue/line/api", *queueWaiters)
 
 	var out strings.Builder
@@ -80,12 +82,16 @@ func TestBenchQueue(t *testing.T) {
 	tb.add("contended key: grants by replica (broker) / by client (api)", brC.share, apC.share, "-")
 	tb.add(fmt.Sprintf("Consul writes per queued waiter (n=%d)", brQ.n), fmt.Sprintf("%.2f", brQ.writes()), fmt.Sprintf("%.2f", apQ.writes()), "-")
 	tb.add(fmt.Sprintf("Consul writes per hand-off (n=%d)", brH.n), fmt.Sprintf("%.2f", brH.writes()), fmt.Sprintf("%.2f", apH.writes()), "-")
+	tb.add(fmt.Sprintf("Consul writes per queued semaphore waiter, limit 1 (n=%d)", semQ.n), fmt.Sprintf("%.2f", semQ.writes()), "-", "-")
+	tb.add(fmt.Sprintf("Consul writes per semaphore hand-off, limit 1 (n=%d)", semH.n), fmt.Sprintf("%.2f", semH.writes()), "-", "-")
 	tb.add("Consul writes per contended grant", fmt.Sprintf("%.2f", brC.writes()), fmt.Sprintf("%.2f", apC.writes()), "-")
 	out.WriteString(tb.String())
 	var cost textTable
 	cost.add("Consul calls", "per", "broker (all replicas), by kind", "api.Lock, by kind")
 	cost.add("queued waiter", "waiter", perCycle(brQ.calls, brQ.n), perCycle(apQ.calls, apQ.n))
 	cost.add("hand-off", "grant", perCycle(brH.calls, brH.n), perCycle(apH.calls, apH.n))
+	cost.add("queued semaphore waiter", "waiter", perCycle(semQ.calls, semQ.n), "-")
+	cost.add("semaphore hand-off", "grant", perCycle(semH.calls, semH.n), "-")
 	cost.add("contended key", "grant", perCycle(brC.calls, brC.n), perCycle(apC.calls, apC.n))
 	out.WriteString("#\n")
 	out.WriteString(cost.String())
@@ -95,10 +101,11 @@ func TestBenchQueue(t *testing.T) {
 	out.WriteString("#   wait = Acquire call → `acquired` (api.Lock: Lock call → return).\n")
 	fmt.Fprintf(&out, "# queued waiter: a holder on replica 1, then %d waiters over the replicas in turn, each until `queued` with its\n", *queueWaiters)
 	out.WriteString("#   place (api.Lock: Lock called, then 1 s); hand-off: the holder releases, each waiter releases once it has the key.\n")
+	out.WriteString("#   The semaphore rows do the same with a limit-1 semaphore (broker only).\n")
 	for _, x := range []struct {
 		name string
 		r    *queueRun
-	}{{"contended broker", brC}, {"contended api.Lock", apC}, {"queue broker", brQ}, {"queue api.Lock", apQ}, {"hand-off broker", brH}, {"hand-off api.Lock", apH}} {
+	}{{"contended broker", brC}, {"contended api.Lock", apC}, {"queue broker", brQ}, {"queue api.Lock", apQ}, {"hand-off broker", brH}, {"hand-off api.Lock", apH}, {"queue semaphore", semQ}, {"hand-off semaphore", semH}} {
 		if x.r.errs.count() > 0 {
 			fmt.Fprintf(&out, "# ERRORS %s: %s\n", x.name, x.r.errs.String())
 		}
@@ -256,16 +263,16 @@ func (q *queueEnv) contended(clients, grants, shares int, calls func() map[strin
 
 // brokerQueue queues waiters behind a holder on replica 1, then lets
 // them take the key in turn; it returns both phases.
-func (q *queueEnv) brokerQueue(key string, waiters int) (queued, handed *queueRun) {
+func (q *queueEnv) brokerQueue(key string, waiters int, limit uint32) (queued, handed *queueRun) {
 	queued, handed = &queueRun{}, &queueRun{}
-	holder, err := q.ds[0].acquire(key, 0)
+	holder, err := q.ds[0].acquire(key, limit)
 	if err != nil {
 		q.t.Fatalf("queue holder: %v", err)
 	}
 	c0 := settle(q.brokerCalls)
 	var ws []*brokerHold
 	for i := range waiters {
-		w, err := q.ds[i%queueReplicas].open(key, 0)
+		w, err := q.ds[i%queueReplicas].open(key, limit)
 		if err == nil {
 			_, err = w.until(func(r *lockbrokerv1.AcquireResponse) bool { return isQueued(r) && r.GetQueued().GetPosition() > 0 })
 		}

@@ -53,9 +53,11 @@ func TestPlanShortAndMutants(t *testing.T) {
 		switch m {
 		case "rw-reader-beside-writer", "rw-stale-token":
 			assert.Positive(t, mp.Readers*mp.Writers*mp.RWKeys, "%s: readers and writers share a key", m)
+			assert.True(t, mp.OwnCluster, "%s: no other mutant's Consul faults", m)
 		case "multi-partial":
 			assert.Positive(t, mp.Multi*mp.MultiObs, "%s: multi-key clients and an observer of Consul", m)
 			assert.GreaterOrEqual(t, mp.MultiKeys, 3, "%s: overlapping sets", m)
+			assert.True(t, mp.OwnCluster, "%s: no other mutant's Consul faults", m)
 		default:
 			assert.Zero(t, mp.Readers+mp.Writers+mp.Multi+mp.MultiObs, "%s: runs as before issue 43", m)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"testing"
 	"time"
 
@@ -180,4 +181,38 @@ func TestHandOffOnCancel(t *testing.T) {
 		assert.LessOrEqual(t, handing, uint64(2), "round %d: one write hands the lock over", i)
 		holder, cur = w, got
 	}
+}
+
+// A waiter next behind a holder of its own replica sleeps without the
+// key's watch (the holder's release hands it the lock). When the holder
+// ends another way, its loss (here the key deleted under it, a young
+// hold) must still reach the waiter at once: the holder's end starts the
+// watch. Without that the waiter would sleep until its watch started on
+// its own, about 200 ms after the key's first subscription.
+func TestHeadWaiterHearsLocalHolderLoss(t *testing.T) {
+	agent := consultest.Start(t)
+	r := brokertest.Start(t, agent)
+	c := r.Locks(t)
+	cc := agent.Client()
+	const rounds = 10
+	var took []time.Duration
+	for i := range rounds {
+		key := fmt.Sprintf("handoff/loss/%d", i)
+		holder := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+		holder.acquired(5 * time.Second)
+		waiter := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: key, Session: fast()})
+		waiter.next(5*time.Second, isQueued)
+		time.Sleep(10 * time.Millisecond)
+		t0 := time.Now()
+		_, err := cc.KV().Delete(key, nil)
+		require.NoError(t, err)
+		holder.next(5*time.Second, isLost)
+		waiter.acquired(5 * time.Second)
+		took = append(took, time.Since(t0))
+		holder.cancel()
+		waiter.cancel()
+	}
+	slices.Sort(took)
+	t.Logf("key deleted under the holder -> the next waiter's `acquired`: %v", took)
+	assert.Less(t, took[rounds/2], 100*time.Millisecond, "median")
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	lockbrokerv1 "github.com/lockbroker/lockbroker/gen/lockbroker/v1"
+	"github.com/lockbroker/lockbroker/internal/broker"
 	"github.com/lockbroker/lockbroker/internal/brokertest"
 	"github.com/lockbroker/lockbroker/internal/consultest"
 )
@@ -646,4 +648,358 @@ func TestMultiKeyPooledSessions(t *testing.T) {
 	for _, kv := range kvs {
 		assert.Empty(t, kv.Session, "%s still held", kv.Key)
 	}
+}
+
+// threeMixedReplicas starts a broker in this process (for -race) and two
+// broker processes on one agent; it returns the processes too.
+func threeMixedReplicas(t *testing.T) (*consultest.Agent, []lockbrokerv1.LockServiceClient, []*brokertest.Process) {
+	t.Helper()
+	agent := consultest.Start(t)
+	r := brokertest.Start(t, agent)
+	cs := []lockbrokerv1.LockServiceClient{lockbrokerv1.NewLockServiceClient(lkDial(t, r.Addr))}
+	var ps []*brokertest.Process
+	for range 2 {
+		p := brokertest.StartProcess(t, agent)
+		ps = append(ps, p)
+		cs = append(cs, lockbrokerv1.NewLockServiceClient(lkDial(t, p.Addr)))
+	}
+	return agent, cs, ps
+}
+
+// grantedYet says whether s has heard `acquired` (it takes the events
+// heard so far, without waiting).
+func grantedYet(t *testing.T, s *stream) bool {
+	t.Helper()
+	for {
+		select {
+		case ev, ok := <-s.events:
+			if !ok {
+				err := <-s.done
+				s.done <- err
+				t.Fatalf("stream ended: %v", err)
+			}
+			if ev.GetAcquired() != nil {
+				return true
+			}
+		default:
+			return false
+		}
+	}
+}
+
+// ticketTouches polls the ticket key every 20 ms until stop is closed,
+// and returns how many times its ModifyIndex moved and whether its
+// CreateIndex stayed (a touch keeps the place).
+func ticketTouches(t *testing.T, cc *api.Client, key string, stop <-chan struct{}) func() (int, bool) {
+	var (
+		mu        sync.Mutex
+		moves     int
+		created   uint64
+		samePlace = true
+		last      uint64
+	)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			kv, _, err := cc.KV().Get(key, &api.QueryOptions{RequireConsistent: true})
+			if err == nil && kv != nil {
+				mu.Lock()
+				if created == 0 {
+					created = kv.CreateIndex
+				} else if kv.CreateIndex != created {
+					samePlace = false
+				}
+				if last != 0 && kv.ModifyIndex != last {
+					moves++
+				}
+				last = kv.ModifyIndex
+				mu.Unlock()
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	return func() (int, bool) {
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return moves, samePlace
+	}
+}
+
+// A multi-key waiter that heads the queue of a free key while another of
+// its keys is held (past queueGrace) keeps its place there: it touches
+// its ticket, so single-key waiters that came after it on that key (on
+// other replicas) do not take the key past it after the grace. It is
+// granted first when its other key is released; they follow in their
+// order. The multi-key waiter runs in this process (-race).
+func TestMultiKeyWaiterKeepsItsPlaceOnAFreeKey(t *testing.T) {
+	agent, cs, ps := threeMixedReplicas(t)
+	cc := agent.Client()
+	a, b := "multi/keep/a", "multi/keep/b"
+	hb := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: b, Session: fast()})
+	hbSeq := hb.acquired(5 * time.Second).GetSequencer()
+	ha := acquire(t, cs[2], &lockbrokerv1.AcquireRequest{Key: a, Session: fast()})
+	haSeq := ha.acquired(5 * time.Second).GetSequencer()
+
+	m := acquire(t, cs[0], &lockbrokerv1.AcquireRequest{Key: a, Keys: []string{b}, Value: []byte("multi"), Session: fast()})
+	awaitPosition(t, m, 1)
+	var singles []*stream
+	for i, c := range []lockbrokerv1.LockServiceClient{cs[1], cs[2]} {
+		s := acquire(t, c, &lockbrokerv1.AcquireRequest{Key: a, Value: fmt.Appendf(nil, "single-%d", i), Session: fast()})
+		awaitPosition(t, s, uint32(i+2))
+		singles = append(singles, s)
+	}
+	kvs, _, err := cc.KV().List(a+"/.queue/", &api.QueryOptions{RequireConsistent: true})
+	require.NoError(t, err)
+	require.Len(t, kvs, 3, "three tickets on %s", a)
+	slices.SortFunc(kvs, func(x, y *api.KVPair) int { return cmp.Compare(x.CreateIndex, y.CreateIndex) })
+	msession := kvs[0].Session
+
+	// A is free from now on, B held: 3 s, three graces.
+	stop := make(chan struct{})
+	touches := ticketTouches(t, cc, a+"/.queue/"+msession, stop)
+	_, err = cs[2].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: a, SessionId: haSeq.GetSessionId(), Token: haSeq.GetToken()})
+	require.NoError(t, err)
+	const free = 3 * time.Second
+	deadline := time.Now().Add(free)
+	for time.Now().Before(deadline) {
+		for i, s := range singles {
+			require.False(t, grantedYet(t, s), "single-key waiter %d took %s past the multi-key waiter ahead of it", i, a)
+		}
+		require.Empty(t, lockedBy(t, cc, []string{a}, msession), "the multi-key waiter holds %s alone", a)
+		time.Sleep(100 * time.Millisecond)
+	}
+	close(stop)
+	n, samePlace := touches()
+	t.Logf("the multi-key waiter's ticket on %s moved %d times in %s (%.1f touches/s)", a, n, free, float64(n)/free.Seconds())
+	assert.True(t, samePlace, "a touch keeps the ticket's CreateIndex")
+	assert.GreaterOrEqual(t, n, 3, "touched at least every grace")
+	assert.LessOrEqual(t, n, 8, "touched at most every queueGrace/2 (and a write or two more)")
+	kv, _, err := cc.KV().Get(a, &api.QueryOptions{RequireConsistent: true})
+	require.NoError(t, err)
+	require.True(t, kv == nil || kv.Session == "", "%s stood free", a)
+
+	// ListHolds (on another replica) lists the touched ticket in its
+	// place, with its replica as the untouched ticket on B names it.
+	admin := lockbrokerv1.NewAdminServiceClient(lkDial(t, ps[0].Addr))
+	resp, err := admin.ListHolds(lkCtx(t), &lockbrokerv1.ListHoldsRequest{KeyPrefix: "multi/keep/"})
+	require.NoError(t, err)
+	replicaOn := map[string]string{}
+	var onA []*lockbrokerv1.HoldInfo
+	for _, h := range resp.GetHolds() {
+		if h.GetWaiting() && h.GetKey() == a {
+			onA = append(onA, h)
+		}
+		if h.GetWaiting() && h.GetSessionId() == msession {
+			replicaOn[h.GetKey()] = h.GetReplica()
+		}
+	}
+	require.Len(t, onA, 3)
+	for i, h := range onA {
+		assert.EqualValues(t, i+1, h.GetPosition())
+	}
+	assert.Equal(t, msession, onA[0].GetSessionId(), "the multi-key waiter heads %s", a)
+	assert.NotEmpty(t, replicaOn[b])
+	assert.Equal(t, replicaOn[b], replicaOn[a], "the touched ticket names its replica")
+
+	_, err = cs[1].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: b, SessionId: hbSeq.GetSessionId(), Token: hbSeq.GetToken()})
+	require.NoError(t, err)
+	ma := m.acquired(5 * time.Second)
+	require.Equal(t, msession, requireGrant(t, cc, ma, []string{a, b}))
+	for i, s := range singles {
+		assert.False(t, grantedYet(t, s), "single-key waiter %d granted beside the multi-key holder", i)
+	}
+	s := ma.GetSequencers()[1]
+	_, err = cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s.GetKey(), SessionId: s.GetSessionId(), Token: s.GetToken()})
+	require.NoError(t, err)
+	first := singles[0].acquired(5 * time.Second).GetSequencer()
+	assert.False(t, grantedYet(t, singles[1]), "the second single-key waiter beside the first")
+	_, err = cs[1].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: a, SessionId: first.GetSessionId(), Token: first.GetToken()})
+	require.NoError(t, err)
+	singles[1].acquired(5 * time.Second)
+}
+
+// The same with single-key clients cycling A on another replica (each
+// holds it 1.5 s) while B is held long: the multi-key waiter is granted
+// before every single-key request on A that came after it, once B is
+// released.
+func TestMultiKeyWaiterNotPassedByLongHolds(t *testing.T) {
+	agent, cs, _ := threeMixedReplicas(t)
+	cc := agent.Client()
+	a, b := "multi/long/a", "multi/long/b"
+	hb := acquire(t, cs[2], &lockbrokerv1.AcquireRequest{Key: b, Session: fast()})
+	hbSeq := hb.acquired(5 * time.Second).GetSequencer()
+
+	var (
+		mu     sync.Mutex
+		grants []time.Time // single-key grants of A
+		calls  []time.Time // their Acquire calls
+	)
+	stop := make(chan struct{})
+	stopCtx, stopAll := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(stopCtx, 20*time.Second)
+				call := time.Now()
+				s, err := cs[1].Acquire(ctx, &lockbrokerv1.AcquireRequest{Key: a, Value: fmt.Appendf(nil, "cycler-%d", i), Session: fast()})
+				if err != nil {
+					cancel()
+					if stopCtx.Err() == nil {
+						t.Errorf("cycler %d: %v", i, err)
+					}
+					return
+				}
+				var seq *lockbrokerv1.Sequencer
+				for seq == nil {
+					ev, err := s.Recv()
+					if err != nil {
+						break
+					}
+					seq = ev.GetAcquired().GetSequencer()
+				}
+				if seq != nil {
+					mu.Lock()
+					grants, calls = append(grants, time.Now()), append(calls, call)
+					mu.Unlock()
+					select {
+					case <-stop:
+					case <-time.After(1500 * time.Millisecond):
+					}
+					if _, err := cs[1].Release(ctx, &lockbrokerv1.ReleaseRequest{Key: a, SessionId: seq.GetSessionId(), Token: seq.GetToken()}); err != nil && stopCtx.Err() == nil {
+						t.Errorf("cycler %d: release: %v", i, err)
+					}
+				}
+				cancel()
+			}
+		})
+	}
+	defer func() { close(stop); stopAll(); wg.Wait() }()
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(grants) > 0 }, 5*time.Second, 20*time.Millisecond)
+
+	m := acquire(t, cs[0], &lockbrokerv1.AcquireRequest{Key: a, Keys: []string{b}, Value: []byte("multi"), Session: fast()})
+	m.next(5*time.Second, isQueued)
+	queuedAt := time.Now()      // its tickets are written before `queued`
+	time.Sleep(6 * time.Second) // A cycles on (two holds of 1.5 s ahead at most), then stands free while B is held
+	releasedAt := time.Now()
+	_, err := cs[2].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: b, SessionId: hbSeq.GetSessionId(), Token: hbSeq.GetToken()})
+	require.NoError(t, err)
+	ma := m.acquired(5 * time.Second)
+	grantedAt := time.Now()
+	requireGrant(t, cc, ma, []string{a, b})
+	mu.Lock()
+	var passed int
+	for i, g := range grants {
+		if calls[i].After(queuedAt) && g.Before(grantedAt) {
+			passed++
+		}
+	}
+	total := len(grants)
+	mu.Unlock()
+	t.Logf("multi-key waiter granted %s after B's release; %d single-key grants of A in all", grantedAt.Sub(releasedAt).Round(time.Millisecond), total)
+	assert.Zero(t, passed, "single-key requests made after the multi-key waiter queued were granted before it")
+	s := ma.GetSequencers()[0]
+	_, err = cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: s.GetKey(), SessionId: s.GetSessionId(), Token: s.GetToken()})
+	require.NoError(t, err)
+}
+
+// A multi-key waiter whose broker process is SIGKILLed (its session lives
+// on until its TTL) stops touching its tickets: a single-key waiter
+// behind it on a free key takes the key after the grace, as it does past
+// any silent head, while the dead waiter's other key stays held.
+func TestMultiKeyDeadWaiterSkipped(t *testing.T) {
+	agent, cs, ps := threeMixedReplicas(t)
+	cc := agent.Client()
+	a, b := "multi/dead/a", "multi/dead/b"
+	hb := acquire(t, cs[0], &lockbrokerv1.AcquireRequest{Key: b, Session: fast()})
+	hb.acquired(5 * time.Second)
+	ha := acquire(t, cs[0], &lockbrokerv1.AcquireRequest{Key: a, Session: fast()})
+	haSeq := ha.acquired(5 * time.Second).GetSequencer()
+
+	// A session whose TTL outlives the test's bound.
+	m := acquire(t, cs[2], &lockbrokerv1.AcquireRequest{Key: a, Keys: []string{b}, Value: []byte("multi"),
+		Session: &lockbrokerv1.AcquireRequest_NewSession{NewSession: &lockbrokerv1.SessionOptions{Ttl: dur(60 * time.Second), LockDelay: dur(0)}}})
+	awaitPosition(t, m, 1)
+	s := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: a, Value: []byte("single"), Session: fast()})
+	awaitPosition(t, s, 2)
+
+	ps[1].Kill()
+	_, err := cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: a, SessionId: haSeq.GetSessionId(), Token: haSeq.GetToken()})
+	require.NoError(t, err)
+	start := time.Now()
+	kvs, _, err := cc.KV().List(a+"/.queue/", &api.QueryOptions{RequireConsistent: true})
+	require.NoError(t, err)
+	live := 0
+	for _, kv := range kvs {
+		if kv.Session != "" {
+			live++
+		}
+	}
+	require.Equal(t, 2, live, "the dead waiter's ticket is live (its session lives on) beside the single-key waiter's")
+	s.acquired(5 * time.Second)
+	waited := time.Since(start)
+	t.Logf("the single-key waiter got %s %s after its release, past the dead multi-key waiter", a, waited.Round(time.Millisecond))
+	assert.GreaterOrEqual(t, waited, 900*time.Millisecond, "not before the grace")
+	assert.Less(t, waited, 3*time.Second)
+	kv, _, err := cc.KV().Get(b, &api.QueryOptions{RequireConsistent: true})
+	require.NoError(t, err)
+	require.NotNil(t, kv)
+	assert.NotEmpty(t, kv.Session, "%s stays held by its holder", b)
+}
+
+// A multi-key waiter behind a silent ticket (its session alive, nobody
+// behind it) on a free key, with its other key held: it skips the silent
+// ticket after the grace, and a single-key waiter behind both, whose
+// grace ran as long, does not take the key in that moment nor after (the
+// multi-key waiter touched its ticket all along).
+func TestMultiKeyWaiterBehindSilentTicketKeepsItsPlace(t *testing.T) {
+	agent, cs, _ := threeMixedReplicas(t)
+	cc := agent.Client()
+	a, b := "multi/silent/a", "multi/silent/b"
+	hb := acquire(t, cs[1], &lockbrokerv1.AcquireRequest{Key: b, Session: fast()})
+	hbSeq := hb.acquired(5 * time.Second).GetSequencer()
+	ha := acquire(t, cs[2], &lockbrokerv1.AcquireRequest{Key: a, Session: fast()})
+	haSeq := ha.acquired(5 * time.Second).GetSequencer()
+	// A ticket ahead of every waiter, as a waiter of a replica that died
+	// with its client would have left it.
+	sid, _, err := cc.Session().Create(&api.SessionEntry{TTL: "60s", LockDelay: time.Nanosecond, Behavior: api.SessionBehaviorRelease}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = cc.Session().Destroy(sid, nil) })
+	ok, _, err := cc.KV().Acquire(&api.KVPair{Key: a + "/.queue/" + sid, Value: []byte("gone"), Flags: broker.QueueFlagValue, Session: sid}, nil)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = cc.KV().Put(&api.KVPair{Key: a + "/.queue", Flags: broker.QueueFlagValue}, nil)
+	require.NoError(t, err)
+
+	m := acquire(t, cs[0], &lockbrokerv1.AcquireRequest{Key: a, Keys: []string{b}, Value: []byte("multi"), Session: fast()})
+	awaitPosition(t, m, 2)
+	s := acquire(t, cs[2], &lockbrokerv1.AcquireRequest{Key: a, Value: []byte("single"), Session: fast()})
+	awaitPosition(t, s, 3)
+
+	_, err = cs[2].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: a, SessionId: haSeq.GetSessionId(), Token: haSeq.GetToken()})
+	require.NoError(t, err)
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		require.False(t, grantedYet(t, s), "the single-key waiter took %s past the multi-key waiter ahead of it", a)
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, err = cs[1].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: b, SessionId: hbSeq.GetSessionId(), Token: hbSeq.GetToken()})
+	require.NoError(t, err)
+	ma := m.acquired(5 * time.Second)
+	requireGrant(t, cc, ma, []string{a, b})
+	assert.False(t, grantedYet(t, s), "the single-key waiter granted beside the multi-key holder")
+	sq := ma.GetSequencers()[0]
+	_, err = cs[0].Release(lkCtx(t), &lockbrokerv1.ReleaseRequest{Key: sq.GetKey(), SessionId: sq.GetSessionId(), Token: sq.GetToken()})
+	require.NoError(t, err)
+	s.acquired(5 * time.Second)
 }

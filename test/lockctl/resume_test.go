@@ -3,6 +3,7 @@ package lockctl_test
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -146,22 +147,48 @@ func TestLockWaitMoves(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		stop func(a *brokertest.Process)
+		n    string // -n: 1 a lock; more, a semaphore with that many slots, each held
 	}{
-		{"killed", func(a *brokertest.Process) { a.Kill() }},
-		{"stopped", func(a *brokertest.Process) { a.Stop(); t.Cleanup(a.Cont) }},
+		{"killed", func(a *brokertest.Process) { a.Kill() }, "1"},
+		{"stopped", func(a *brokertest.Process) { a.Stop(); t.Cleanup(a.Cont) }, "1"},
+		{"semaphore killed", func(a *brokertest.Process) { a.Kill() }, "2"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			a, b := brokertest.StartProcess(t, agent), brokertest.StartProcess(t, agent)
-			key := "lockctl-test/wait-moves/" + tt.name
+			key := "lockctl-test/wait-moves/" + strings.ReplaceAll(tt.name, " ", "-")
 			dir := t.TempDir()
 			held := filepath.Join(dir, "holder")
-			holder := h.start(t, nil, "--addr", b.Addr, "lock", key, "--", "sh", "-c", resumeScript, held)
-			holder.waitFile(t, held)
+			var holders []*proc
+			slots, err := strconv.Atoi(tt.n)
+			require.NoError(t, err)
+			for i := range slots {
+				f := held + string(rune('0'+i))
+				p := h.start(t, nil, "--addr", b.Addr, "lock", "-n", tt.n, key, "--", "sh", "-c", resumeScript, f)
+				p.waitFile(t, f)
+				holders = append(holders, p)
+			}
 
 			ran := filepath.Join(dir, "waiter")
-			waiter := h.start(t, nil, "--addr", a.Addr+","+b.Addr, "lock", "-v", key, "--", "sh", "-c", `echo "$LOCKBROKER_SESSION" > "$0"`, ran)
+			waiter := h.start(t, nil, "--addr", a.Addr+","+b.Addr, "lock", "-v", "-n", tt.n, key, "--", "sh", "-c", `echo "$LOCKBROKER_SESSION" > "$0"`, ran)
 			require.Eventually(t, func() bool { return strings.Contains(waiter.stderr.String(), "lockctl: waiting: ") },
 				15*time.Second, 20*time.Millisecond, "the waiter never queued; stderr: %s", waiter.stderr.String())
+			queuedWith := ""
+			if tt.n != "1" { // the semaphore's contender entry that no holder has
+				ps, _, err := agent.Client().KV().List(key+"/", nil)
+				require.NoError(t, err)
+				lock := ""
+				for _, p := range ps {
+					if p.Key == key+"/.lock" {
+						lock = string(p.Value) // {"Limit":2,"Holders":{"<session>":true,…}}
+					}
+				}
+				for _, p := range ps {
+					if p.Session != "" && p.Key != key+"/.lock" && !strings.Contains(lock, p.Session) {
+						queuedWith = p.Session
+					}
+				}
+				require.NotEmpty(t, queuedWith, "no waiting contender entry under %s", key)
+			}
 
 			tt.stop(a)
 			stopped := time.Now()
@@ -169,10 +196,19 @@ func TestLockWaitMoves(t *testing.T) {
 				15*time.Second, 20*time.Millisecond, "the wait did not move to B; stderr: %s", waiter.stderr.String())
 			t.Logf("the wait moved to B %v after A was %s", time.Since(stopped).Round(time.Millisecond), tt.name)
 
-			require.NoError(t, os.WriteFile(held+".go", nil, 0o644))
-			assert.Equal(t, 0, holder.wait(t, 15*time.Second), "holder: %s", holder.stderr.String())
+			for i, p := range holders {
+				f := held + string(rune('0'+i))
+				require.NoError(t, os.WriteFile(f+".go", nil, 0o644))
+				assert.Equal(t, 0, p.wait(t, 15*time.Second), "holder: %s", p.stderr.String())
+			}
 			assert.Equal(t, 0, waiter.wait(t, 30*time.Second), "waiter: %s", waiter.stderr.String())
 			assert.FileExists(t, ran, "the waiter's command ran")
+			if queuedWith != "" {
+				// It resumed its wait, with its place: same session.
+				got, err := os.ReadFile(ran)
+				require.NoError(t, err)
+				assert.Equal(t, queuedWith, strings.TrimSpace(string(got)), "the moved semaphore wait was granted on another session")
+			}
 		})
 	}
 }

@@ -542,6 +542,62 @@ test("a wait moved off a SIGKILLed replica keeps its place in the shared queue",
     }
   }));
 
+// The same with a slot of a limit-1 semaphore: the moved wait resumes on
+// B with its session, its contender entry keeps its place (same
+// CreateIndex), and it gets the slot before the later waiters.
+test("a semaphore wait moved off a SIGKILLed replica keeps its place", () =>
+  using(async (make) => {
+    const a = await cluster.broker("sem-move-a");
+    const b = await cluster.broker("sem-move-b");
+    try {
+      const k = key("sem-move");
+      const slot = (c, opts) => c.semaphore(k, 1, opts);
+      const contenders = async () => {
+        let ps;
+        try {
+          ps = (await cluster.consul.http("GET", `/v1/kv/${k}/?recurse&consistent`)) ?? [];
+        } catch (e) {
+          if (/: 404 /.test(e.message)) return [];
+          throw e;
+        }
+        return ps.filter((p) => p.Session && !p.Key.endsWith("/.lock"));
+      };
+      const holder = await make().semaphore(k, 1, LEASE);
+      const moved = waiter(make, [a.addr, b.addr], k, slot);
+      await moved.place(1);
+      const entry = await waitFor(
+        async () => (await contenders()).find((p) => p.Session !== holder.sessionId),
+        5000,
+        "the wait's contender entry",
+      );
+      const later = [];
+      for (const [n, r] of [[2, b], [3, shared]]) {
+        const w = waiter(make, [r.addr], k, slot); // one after the other: arrival order
+        later.push(w);
+        await w.place(n);
+      }
+
+      a.signal("SIGKILL");
+      const from = moved.heard.length;
+      await moved.place(1, { from, timeoutMs: 15_000 }); // B says it once the wait moved
+      const now = (await contenders()).find((p) => p.Session === entry.Session);
+      assert.ok(now, "the moved wait lost its contender entry");
+      assert.equal(now.CreateIndex, entry.CreateIndex, "the moved wait lost its place");
+
+      await holder.release();
+      const lease = await moved.granted(10_000);
+      assert.equal(lease.target, b.addr);
+      assert.equal(lease.sessionId, entry.Session, "the moved wait was granted on another session");
+      for (const w of later) assert.equal(w.lease, undefined, "a later waiter was granted before the moved one");
+      assert.equal(await lease.release(), true);
+      const next = await later[0].granted(10_000);
+      assert.ok(next.token > lease.token);
+    } finally {
+      await a.stop();
+      await b.stop();
+    }
+  }));
+
 // A wait whose session ended while its replica was stopped cannot resume
 // its place on the next replica (FAILED_PRECONDITION or NOT_FOUND): the
 // library sends its original request there, a fresh wait, which gets the

@@ -23,7 +23,8 @@ class Waiter:
     its on_queued callback hears; once granted, the lease is held until
     stop()."""
 
-    def __init__(self, targets, key, use_aio=False):
+    def __init__(self, targets, key, use_aio=False, limit=None):
+        self.limit = limit  # a semaphore slot of this limit, else the lock
         self.queued = queue.Queue()
         self.got = queue.Queue()
         self.done = threading.Event()
@@ -34,7 +35,10 @@ class Waiter:
     def _run(self, targets, key):
         with lockbroker.Client(targets[0], targets=targets[1:]) as c:
             try:
-                lease = c.lock(key, on_queued=self.queued.put, **LEASE)
+                if self.limit:
+                    lease = c.semaphore(key, self.limit, on_queued=self.queued.put, **LEASE)
+                else:
+                    lease = c.lock(key, on_queued=self.queued.put, **LEASE)
             except Exception as e:
                 self.got.put(e)
                 return
@@ -46,7 +50,10 @@ class Waiter:
         async def main():
             async with aio.Client(targets[0], targets=targets[1:]) as c:
                 try:
-                    lease = await c.lock(key, on_queued=self.queued.put, **LEASE)
+                    if self.limit:
+                        lease = await c.semaphore(key, self.limit, on_queued=self.queued.put, **LEASE)
+                    else:
+                        lease = await c.lock(key, on_queued=self.queued.put, **LEASE)
                 except Exception as e:
                     self.got.put(e)
                     return
@@ -103,6 +110,19 @@ def queue_tickets(cluster, key):
             return []
         raise
     return sorted((p["CreateIndex"], p["ModifyIndex"], p["Session"]) for p in ps if p.get("Session"))
+
+
+def contenders(cluster, prefix):
+    """The live contender entries of the semaphore at prefix, oldest
+    first: (CreateIndex, ModifyIndex, session)."""
+    try:
+        ps = cluster.consul.http("GET", f"/v1/kv/{prefix}/?recurse&consistent") or []
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return []
+        raise
+    return sorted((p["CreateIndex"], p["ModifyIndex"], p["Session"]) for p in ps
+                  if p.get("Session") and not p["Key"].endswith("/.lock"))
 
 
 def wait_for(pred, timeout, what):
@@ -183,6 +203,55 @@ def test_moved_wait_keeps_its_place(cluster, broker, key, use_aio):
             assert ticket[0] == created, "the moved wait's ticket lost its place"
             moved.drain()  # what A said before it was killed
             moved.place(1)
+
+            holder.release()
+            lease = moved.granted(10)
+            assert lease is not None, "the moved wait was not granted"
+            assert lease.target == b.addr
+            assert lease.session_id == session, "the moved wait was granted on another session"
+            for w in later:
+                assert w.granted(0) is None, "a later waiter was granted before the moved one"
+            moved.stop()
+            nxt = later[0].granted(10)
+            assert nxt is not None, "the next waiter was not granted after the moved one"
+            assert nxt.token > lease.token
+    finally:
+        for w in waiters:
+            w.stop()
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.parametrize("use_aio", [False, True], ids=["sync", "aio"])
+def test_moved_semaphore_wait_keeps_its_place(cluster, broker, key, use_aio):
+    """test_moved_wait_keeps_its_place with a slot of a limit-1 semaphore:
+    the moved wait resumes on B with its session, its contender entry
+    keeps its place (same CreateIndex), and it gets the slot before the
+    waiters that came after it."""
+    a, b = cluster.broker(f"sem-move-{use_aio}-a"), cluster.broker(f"sem-move-{use_aio}-b")
+    c = broker
+    waiters = []
+    try:
+        with lockbroker.Client(c.addr) as hc:
+            holder = hc.semaphore(key, 1, **LEASE)
+            moved = Waiter([a.addr, b.addr], key, use_aio, limit=1)
+            waiters.append(moved)
+            moved.place(1)
+            entry = wait_for(lambda: [e for e in contenders(cluster, key) if e[2] != holder.session_id], 5,
+                             "the moved wait's contender entry")
+            created, _, session = entry[0]
+            later = []
+            for n, r in enumerate((b, c), start=2):  # one after the other: arrival order
+                w = Waiter([r.addr], key, limit=1)
+                waiters.append(w)
+                later.append(w)
+                w.place(n)
+
+            a.signal(signal.SIGKILL)
+            moved.drain()  # what A said before it was killed
+            moved.place(1, timeout=15)  # B says it, once the wait moved
+            now = [e for e in contenders(cluster, key) if e[2] == session]
+            assert now and now[0][0] == created, "the moved wait's contender entry lost its place"
 
             holder.release()
             lease = moved.granted(10)

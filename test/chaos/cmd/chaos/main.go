@@ -5,8 +5,10 @@
 //	go run ./test/chaos/cmd/chaos -profile short -mutants   # real, then every mutant
 //
 // It exits 0 when every checker passes (with -mutants: the real build
-// passes and every mutant is caught), 1 on a violation (or an uncaught
-// mutant), 2 when the run itself could not be carried out.
+// passes and every mutant is caught by a checker paired with it,
+// chaos.MutantCheckers), 1 on a violation (or an uncaught mutant; a single
+// -mutant run exits 1 only when its own checker caught it), 2 when the run
+// itself could not be carried out.
 package main
 
 import (
@@ -18,13 +20,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/lockbroker/lockbroker/internal/consultest"
 	"github.com/lockbroker/lockbroker/test/chaos"
 )
 
@@ -43,8 +45,8 @@ func run() int {
 	var (
 		profile   = flag.String("profile", env("CHAOS_PROFILE", "short"), "short (≤3 min, with -race) or full (~20 min) (env CHAOS_PROFILE)")
 		seedStr   = flag.String("seed", env("SEED", ""), "schedule seed; empty picks one and prints it (env SEED)")
-		mutant    = flag.String("mutant", env("MUTANT", ""), "run one mutant: no-loss-notice, no-fencing, no-resume-fence, no-shared-queue, rw-reader-beside-writer, rw-stale-token, multi-partial (env MUTANT); the run must fail")
-		mutants   = flag.Bool("mutants", false, "run the real build, then every mutant: fail if the real build fails or any mutant passes")
+		mutant    = flag.String("mutant", env("MUTANT", ""), "run one mutant: no-loss-notice, no-fencing, no-resume-fence, no-shared-queue, rw-reader-beside-writer, rw-stale-token, multi-partial (env MUTANT); the run must fail, in a checker paired with the mutant")
+		mutants   = flag.Bool("mutants", false, "run the real build, then every mutant: fail if the real build fails or any mutant escapes its paired checkers")
 		race      = flag.Bool("race", env("CHAOS_RACE", "1") != "0", "build the brokers with -race (env CHAOS_RACE=0 turns it off)")
 		out       = flag.String("out", env("CHAOS_OUT", ""), "directory for logs and reports (default: a new temporary directory) (env CHAOS_OUT)")
 		src       = flag.String("src", env("CHAOS_SRC", ""), "module root to build cmd/broker from (default: this repository) (env CHAOS_SRC)")
@@ -135,12 +137,21 @@ func run() int {
 		}
 		bins[tags] = bin
 	}
-	cluster, err := chaos.StartCluster(ctx, filepath.Join(*out, "consul"), 0)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos:", err)
-		return 2
+	// The shared cluster, unless every run starts its own (a single
+	// -mutant run of a quiet mutant).
+	var shared *consultest.Cluster
+	for _, m := range runs {
+		if (m == "" && !p.OwnCluster) || (m != "" && !chaos.MutantProfile(m).OwnCluster) {
+			cluster, err := chaos.StartCluster(ctx, filepath.Join(*out, "consul"), 0)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "chaos:", err)
+				return 2
+			}
+			defer cluster.Close()
+			shared = cluster.Cluster
+			break
+		}
 	}
-	defer cluster.Close()
 
 	status := 0
 	var summary []string
@@ -155,7 +166,7 @@ func run() int {
 		}
 		dir := filepath.Join(*out, name)
 		rep, err := chaos.Run(ctx, chaos.Config{Profile: rp, Seed: seed, Mutant: m, BrokerBin: bins[chaos.Mutants[m]],
-			OutDir: dir, Cluster: cluster.Cluster, Progress: os.Stdout})
+			OutDir: dir, Cluster: shared, Progress: os.Stdout})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
@@ -197,21 +208,11 @@ func run() int {
 		wg.Go(func() { reps[i], errs[i] = one(m, seed, 0) })
 	}
 	wg.Wait()
-	// A mutant is judged by the checkers that bite what it breaks:
-	// leftovers are no mutant's defect.
-	judge := func(rep *chaos.Report) []string {
-		var caught []string
-		for _, f := range rep.Failed() {
-			if f == chaos.CheckerLeaks {
-				continue
-			}
-			if realFailed[f] {
-				f += " (also failed on the real build)"
-			}
-			caught = append(caught, f)
-		}
-		sort.Strings(caught)
-		return caught
+	// A mutant is caught only by a checker paired with it
+	// (chaos.MutantCheckers): any other failure is reported but proves
+	// nothing about the defect it plants.
+	judge := func(m string, rep *chaos.Report) chaos.MutantVerdict {
+		return chaos.JudgeMutant(m, rep.Failed(), realFailed)
 	}
 	for i, m := range muts {
 		if errs[i] != nil {
@@ -221,33 +222,29 @@ func run() int {
 		rep := reps[i]
 		rep.Print(os.Stdout)
 		fmt.Printf("report: %s\n", filepath.Join(rep.OutDir, "report.json"))
-		caught := judge(rep)
+		v := judge(m, rep)
 		// A schedule is random: the faults that expose a mutant may find
 		// nothing to break (no live hold at that moment). With -mutants an
 		// escaped mutant gets mutantRetries more runs with new seeds, and
 		// is NOT CAUGHT only if every run misses it.
-		for attempt := 1; len(caught) == 0 && *mutants && attempt <= mutantRetries; attempt++ {
+		for attempt := 1; !v.Caught && *mutants && attempt <= mutantRetries; attempt++ {
 			s := seed + uint64(attempt)*7919
-			fmt.Printf("chaos: mutant %s escaped seed %d; run %d of %d with seed %d\n", m, seed, attempt+1, mutantRetries+1, s)
+			fmt.Printf("chaos: mutant %s escaped its checker (%s) with seed %d; run %d of %d with seed %d\n",
+				m, strings.Join(chaos.MutantCheckers[m], ", "), seed, attempt+1, mutantRetries+1, s)
 			rep, err := one(m, s, attempt)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "chaos:", err)
 				return 2
 			}
 			rep.Print(os.Stdout)
-			caught = judge(rep)
+			v = judge(m, rep)
 		}
+		summary = append(summary, fmt.Sprintf("mutant %s: %s", m, v.String(m)))
 		switch {
-		case len(caught) > 0:
-			summary = append(summary, fmt.Sprintf("mutant %s: caught by %s", m, strings.Join(caught, ", ")))
-			if !*mutants {
-				status = 1 // a single mutant run fails when caught, as it must
-			}
-		default:
-			summary = append(summary, fmt.Sprintf("mutant %s: NOT CAUGHT (every checker that judges mutants passed)", m))
-			if *mutants {
-				status = 1
-			}
+		case v.Caught && !*mutants:
+			status = 1 // a single mutant run fails when caught, as it must
+		case !v.Caught && *mutants:
+			status = 1
 		}
 	}
 	fmt.Println()

@@ -41,9 +41,15 @@ class QueueTest {
     final CompletableFuture<Lease> lease = new CompletableFuture<>();
 
     Waiter(LockClient client, String key) {
+      this(client, key, 0);
+    }
+
+    /** With limit > 0, a slot of the semaphore at key with that limit. */
+    Waiter(LockClient client, String key, int limit) {
       Thread t = new Thread(() -> {
         try {
-          lease.complete(client.lock(key, OPTS.onQueued(heard::add)));
+          LockOptions o = OPTS.onQueued(heard::add);
+          lease.complete(limit > 0 ? client.semaphore(key, limit, o) : client.lock(key, o));
         } catch (Throwable e) {
           lease.completeExceptionally(e);
         }
@@ -87,9 +93,19 @@ class QueueTest {
    * ended stays, unlocked, until a broker deletes it).
    */
   private static List<Ticket> tickets(String key) throws IOException, InterruptedException {
+    return liveEntries(key + "/.queue/");
+  }
+
+  /** The live contender entries of the semaphore at prefix, oldest first. */
+  private static List<Ticket> contenders(String prefix) throws IOException, InterruptedException {
+    return liveEntries(prefix + "/");
+  }
+
+  /** The entries under dir acquired by a session (but a semaphore's .lock), oldest first. */
+  private static List<Ticket> liveEntries(String dir) throws IOException, InterruptedException {
     String body;
     try {
-      body = Cluster.get().consul().call("GET", "/v1/kv/" + key + "/.queue/?recurse&consistent", null);
+      body = Cluster.get().consul().call("GET", "/v1/kv/" + dir + "?recurse&consistent", null);
     } catch (IOException e) {
       if (e.getMessage().contains(": 404 ")) {
         return List.of();
@@ -101,7 +117,7 @@ class QueueTest {
     while (m.find()) {
       String e = m.group();
       String session = field(e, "\"Session\"\\s*:\\s*\"([^\"]*)\"");
-      if (session != null && !session.isEmpty()) {
+      if (session != null && !session.isEmpty() && !e.contains("/.lock\"")) {
         out.add(new Ticket(Long.parseLong(field(e, "\"CreateIndex\"\\s*:\\s*(\\d+)")),
             Long.parseLong(field(e, "\"ModifyIndex\"\\s*:\\s*(\\d+)")), session));
       }
@@ -203,6 +219,59 @@ class QueueTest {
       Lease lease = moved.granted();
       assertEquals(b.addr(), lease.target());
       assertEquals(first.session(), lease.sessionId(), "the moved wait was granted on another session");
+      for (Waiter w : later) {
+        assertFalse(w.lease.isDone(), "a later waiter was granted before the moved one");
+      }
+      lease.release();
+      Lease next = later.get(0).granted();
+      assertTrue(Long.compareUnsigned(next.token(), lease.token()) > 0);
+    }
+  }
+
+  /**
+   * movedWaitKeepsItsPlace with a slot of a limit-1 semaphore: the moved
+   * wait resumes on B with its session, its contender entry keeps its
+   * place (same CreateIndex), it hears place 1 again, and it gets the slot
+   * before the later waiters.
+   */
+  @Test
+  void movedSemaphoreWaitKeepsItsPlace() throws Exception {
+    String key = Cluster.key("sem-move");
+    Broker shared = Cluster.get().broker();
+    try (Broker a = Cluster.get().newBroker("sem-move-a"); Broker b = Cluster.get().newBroker("sem-move-b");
+        LockClient hc = LockClient.builder().target(shared.addr()).build();
+        LockClient mc = LockClient.builder().targets(a.addr(), b.addr()).build();
+        LockClient lb = LockClient.builder().target(b.addr()).build();
+        LockClient ls = LockClient.builder().target(shared.addr()).build()) {
+      Lease holder = hc.semaphore(key, 1, OPTS);
+      Waiter moved = new Waiter(mc, key, 1);
+      moved.place(1, -1);
+      Ticket first = null;
+      for (Ticket t : contenders(key)) {
+        if (!t.session().equals(holder.sessionId())) {
+          first = t;
+        }
+      }
+      assertNotEquals(null, first, "the wait's contender entry: " + contenders(key));
+      List<Waiter> later = new ArrayList<>();
+      for (LockClient c : List.of(lb, ls)) { // one after the other: arrival order
+        Waiter w = new Waiter(c, key, 1);
+        later.add(w);
+        w.place(later.size() + 1, -1);
+      }
+
+      a.kill();
+      moved.heard.clear(); // what A said before it was killed
+      moved.place(1, -1); // B says it once the wait moved
+      String session = first.session();
+      Ticket again = contenders(key).stream().filter(t -> t.session().equals(session)).findFirst().orElse(null);
+      assertNotEquals(null, again, "the moved wait lost its contender entry");
+      assertEquals(first.createIndex(), again.createIndex(), "the moved wait lost its place");
+
+      holder.release();
+      Lease lease = moved.granted();
+      assertEquals(b.addr(), lease.target());
+      assertEquals(session, lease.sessionId(), "the moved wait was granted on another session");
       for (Waiter w : later) {
         assertFalse(w.lease.isDone(), "a later waiter was granted before the moved one");
       }
