@@ -334,9 +334,9 @@ func (h *hold) firstRW(ctx context.Context) (*State, error) {
 	defer kw.rwLeave()
 	st, _ := h.sub.state()
 	if k := h.b.hub.knownState(h.spec.Key); k != nil && (st == nil || st.lock == nil || k.lock.ModifyIndex >= st.lock.ModifyIndex) {
-		// This replica's own release, which read K unchanged: newer than
-		// a watch's listing at K's index or before (which may still show
-		// the released entry).
+		// This replica's own release, of a hold that saw nobody else:
+		// newer than a watch's listing at K's index or before (which may
+		// still show the released entry).
 		st = k
 	}
 	if l := kw.rwLastState(); l != nil && (st == nil || st.lock == nil || l.lock.ModifyIndex > st.lock.ModifyIndex) {
@@ -790,8 +790,7 @@ func (h *hold) rwLeaveState(ctx context.Context) (*State, error) {
 }
 
 // leaveOps is leaveOps for the hold. For a read-write lock whose st shows
-// no other contender, the release also reads K (a get in the same
-// transaction), for noteRelease.
+// no other contender, K as st shows it is kept for noteRelease.
 func (h *hold) leaveOps(st *State) ([]Op, bool, error) {
 	ops, held, err := leaveOps(st, h.session)
 	if !h.isRW() || err != nil {
@@ -801,26 +800,31 @@ func (h *hold) leaveOps(st *State) ([]Op, bool, error) {
 	for sid := range st.contenders {
 		quiet = quiet && sid == h.session
 	}
-	var at uint64
-	if quiet && st.lock != nil && len(ops) > 0 && len(st.rwDead) == 0 {
-		at = st.lock.ModifyIndex
-		ops = append(ops, Op{Verb: OpGet, Key: st.Key})
+	var k *Entry
+	// (Not beside a dead holder: K alone, as the next request here would
+	// take it, would not show its entry, and that request would drop it.)
+	if quiet && st.lock != nil && st.lock.Flags == RWLockFlagValue && len(ops) > 0 && len(st.rwDead) == 0 {
+		k = st.lock
 	}
 	h.mu.Lock()
-	h.rwQuietAt = at
+	h.rwQuietK = k
 	h.mu.Unlock()
 	return ops, held, nil
 }
 
 // noteRelease is Broker.noteRelease; for a read-write lock whose release
-// found no other contender and read K unchanged since the state it was
-// built on, K is remembered (hub.known), so that the next request of this
+// was built on a state that showed no other contender, K as that state
+// showed it is remembered (hub.known), so that the next request of this
 // replica on the key is granted in one transaction even before a watch
-// lists the key. That is safe: every arrival writes K, so K unchanged
-// means nobody arrived since that state showed nobody but the releaser
-// (whose own listing in K, its entry gone, holds nothing: deriveRW); K
-// still at that index later means nobody is there yet, and anything else
-// costs a failed check-and-set and a read.
+// lists the key. It is a guess, as every known state is: every arrival
+// writes K, so K still at that index when the next request's
+// check-and-set runs means nobody arrived since that state showed nobody
+// but the releaser (whose own listing in K, its entry gone, holds
+// nothing: deriveRW). K moved meanwhile costs that request a failed
+// check-and-set and a read, as having no guess does (it assumes the key
+// absent); a newer listing of the shared watch wins over it (firstRW).
+// (The release read K in its transaction to check it unchanged before:
+// that read cost every release more than the guesses it saved.)
 func (h *hold) noteRelease(ops []Op, res []*Entry) {
 	h.b.noteRelease(ops, res)
 	if !h.isRW() {
@@ -830,32 +834,26 @@ func (h *hold) noteRelease(ops []Op, res []*Entry) {
 	if h.sub != nil {
 		h.sub.kw.rwReleased(h.session)
 	}
-	left := false
-	for i, op := range ops {
-		switch {
-		case op.Verb == OpDeleteCAS && op.Key == ck:
-			left = true
-		case op.Verb == OpGet && op.Key == key:
+	for _, op := range ops {
+		if op.Verb == OpDeleteCAS && op.Key == ck {
 			h.mu.Lock()
-			at := h.rwQuietAt
+			k := h.rwQuietK
 			h.mu.Unlock()
-			if at != 0 && i < len(res) && res[i] != nil && res[i].ModifyIndex == at && res[i].Flags == RWLockFlagValue {
-				h.b.hub.known.put(res[i])
-				h.clearRWBase()
-				return
+			if k != nil {
+				h.b.hub.known.put(k)
+			} else {
+				h.b.hub.known.forget(key)
 			}
+			h.clearRWBase()
+			return
 		}
-	}
-	if left {
-		h.b.hub.known.forget(key)
-		h.clearRWBase()
 	}
 	// (A finish after a Release writes only the record.)
 }
 
 func (h *hold) clearRWBase() {
 	h.mu.Lock()
-	h.rwBase, h.rwQuietAt = nil, 0
+	h.rwBase, h.rwQuietK = nil, nil
 	h.mu.Unlock()
 }
 
