@@ -48,3 +48,36 @@ func TestRWDeadHolderCleanup(t *testing.T) {
 	assert.True(t, b.CleanSemaphore(key, seq.Session))
 	assert.Nil(t, entry(), "the dead holder's entry outlived deadHolderFor")
 }
+
+// TestRWManyDeadHolders: more dead holders than one grant deletes
+// (rwDeadMax) are deleted by transactions of their own first, under their
+// lock-delay (0 here), and the writer behind them is granted; none of
+// their entries is left.
+func TestRWManyDeadHolders(t *testing.T) {
+	agent, store := startStore(t, consulstore.Options{})
+	b := broker.New(store, zap.NewNop())
+	t.Cleanup(b.Close)
+	key := "rwdead/many"
+	const readers = 40
+	var sessions []string
+	for range readers {
+		h := startHold(t, b, &broker.AcquireSpec{Key: key, Mode: broker.ModeRead, WaitForever: true, NewSession: &broker.SessionSpec{TTL: 10 * time.Second, LockDelay: 0}}, nil)
+		seq := h.nextWithin(broker.EventAcquired, 10*time.Second).Sequencer
+		require.NotNil(t, seq)
+		sessions = append(sessions, seq.Session)
+	}
+	consul := agent.Client()
+	for _, s := range sessions {
+		_, err := consul.Session().Destroy(s, nil)
+		require.NoError(t, err)
+	}
+	w := startHold(t, b, &broker.AcquireSpec{Key: key, Mode: broker.ModeWrite, WaitForever: true}, nil)
+	seq := w.nextWithin(broker.EventAcquired, 20*time.Second).Sequencer
+	require.NotNil(t, seq)
+	assert.False(t, seq.Read)
+	pairs, _, err := consul.KV().List(key+"/", &api.QueryOptions{RequireConsistent: true})
+	require.NoError(t, err)
+	for _, p := range pairs {
+		assert.Contains(t, []string{key + "/.lock", key + "/" + seq.Session}, p.Key, "left: %s (session %q)", p.Key, p.Session)
+	}
+}
