@@ -527,7 +527,9 @@ export declare type ReleaseRequest = Message<"lockbroker.v1.ReleaseRequest"> & {
    * `session_id`): without it, Release is INVALID_ARGUMENT naming `token`
    * while that session lives, whatever it held before (the broker reuses
    * the idle sessions it made, so a token-less request could be a late one
-   * from an earlier holder of the same session). Optional for a
+   * from an earlier holder of the same session), except while that session
+   * waits for the key and holds nothing: then FAILED_PRECONDITION
+   * (NOT_HOLDER), and the wait goes on. Optional for a
    * client-owned session (made with CreateSession): zero releases the
    * session's hold of the key, whichever grant it is. Non-zero: the
    * release happens only while that grant is the session's current hold of
