@@ -179,14 +179,16 @@ func handOffQueueOps(key string, st *State, session string, ticket uint64) []Op 
 	return ops
 }
 
-// deadTicketOps delete tickets whose session ended, except session's own.
+// deadTicketOps delete tickets whose session ended, except session's own
+// (every dead ticket when session is "", for tidyQueue: a dead ticket has
+// no session, so comparing it with "" would spare them all).
 func deadTicketOps(st *State, session string) []Op {
 	var ops []Op
 	for _, t := range st.tickets {
 		if len(ops) == maxDeadCleanup {
 			break
 		}
-		if t.Session != session && !ticketLive(st.Key, t) {
+		if (session == "" || t.Session != session) && !ticketLive(st.Key, t) {
 			ops = append(ops, Op{Verb: OpDeleteCAS, Key: t.Key, Index: t.ModifyIndex})
 		}
 	}
