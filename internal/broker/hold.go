@@ -74,12 +74,11 @@ type hold struct {
 	value []byte
 	// early is a read-write grant made with the contender's entry, not
 	// yet returned; rwBase the key's state after the hold's grant, which
-	// its release is built on; rwQuietAt: K's ModifyIndex in the state
-	// that release was built on, when it showed no other contender
-	// (rwlock.go).
-	early     *Sequencer
-	rwBase    *State
-	rwQuietAt uint64
+	// its release is built on; rwQuietK: K in the state that release was
+	// built on, when it showed no other contender (rwlock.go).
+	early    *Sequencer
+	rwBase   *State
+	rwQuietK *Entry
 }
 
 // Acquire runs one hold: it waits for the key, reports the grant, keeps the

@@ -115,6 +115,11 @@ type keyWatch struct {
 	// published is when the newest listing came (see describe), began
 	// when its read began (see publish).
 	published, began time.Time
+	// rwGate and rwLast line up this replica's read-write arrivals on
+	// the key (see rwlock.go, rwEnter).
+	rwGate   chan struct{}
+	rwLast   *State
+	rwLastAt time.Time
 }
 
 // sub is one subscriber of a key. It keeps only a wake-up signal and a

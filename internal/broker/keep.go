@@ -27,11 +27,27 @@ const slowLossStep = 250 * time.Millisecond
 func (h *hold) keep(ctx context.Context) error {
 	k := h.newKeeper(ctx)
 	defer k.stop()
+	return k.loop(ctx, keepHooks{changed: h.sub.wake, checkLoss: k.checkLoss, failed: k.renewalFailed, conclude: h.conclude})
+}
+
+// keepHooks is what the keep loop needs from its kind of hold: a single
+// key's (keep) or a multi-key hold's (multiHold.keep).
+type keepHooks struct {
+	changed   <-chan struct{}                      // the held keys' listings changed
+	checkLoss func(context.Context)                // judge whether they show the hold lost
+	failed    func(error)                          // the session's renewal failed for good
+	conclude  func(context.Context, Outcome) error // carry out the decided outcome
+}
+
+// loop is the keep loop: it waits for what can decide the hold's outcome
+// (each case a call), and returns once it is decided and carried out.
+func (k *keeper) loop(ctx context.Context, hk keepHooks) error {
+	h := k.h
 	for {
 		select {
 		case <-h.life.Done():
 			o, _ := h.life.Outcome()
-			return h.conclude(ctx, o)
+			return hk.conclude(ctx, o)
 		case <-k.canceled:
 			k.canceled = nil
 			k.streamEnded(ctx)
@@ -49,16 +65,16 @@ func (h *hold) keep(ctx context.Context) error {
 		case <-k.tick:
 			k.keepalive(ctx, h.ren.safeUntil())
 		case err := <-k.failed:
-			k.renewalFailed(err)
+			hk.failed(err)
 		case <-k.deadline.C:
 			k.pastDeadline()
-		case <-h.sub.wake:
-			k.checkLoss(ctx)
+		case <-hk.changed:
+			hk.checkLoss(ctx)
 		case o := <-k.lossRead:
 			k.lossDecided(o)
 		case <-k.recheck:
 			k.recheck = nil
-			k.checkLoss(ctx)
+			hk.checkLoss(ctx)
 		case <-h.guard.moved:
 			h.checkOwner(ctx)
 		}

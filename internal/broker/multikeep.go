@@ -16,46 +16,14 @@ func (m *multiHold) keep(ctx context.Context) error {
 	h := m.h
 	k := h.newKeeper(ctx)
 	defer k.stop()
-	for {
-		select {
-		case <-h.life.Done():
-			o, _ := h.life.Outcome()
-			return m.conclude(ctx, o)
-		case <-k.canceled:
-			k.canceled = nil
-			k.streamEnded(ctx)
-		case <-k.linger:
-			h.life.End(Outcome{Kind: OutcomeCanceled})
-		case <-k.shutdown:
-			k.shutdown = nil
-			h.life.End(Outcome{Kind: OutcomeShutdown})
-		case <-k.cut:
-			k.cut = nil
-			k.cutOff()
-		case d := <-k.renewed:
-			k.deadline.Reset(time.Until(d))
-			k.keepalive(ctx, d)
-		case <-k.tick:
-			k.keepalive(ctx, h.ren.safeUntil())
-		case err := <-k.failed:
-			if errors.Is(err, ErrSessionNotFound) {
-				h.life.End(lost(LostSessionInvalidated, "the session no longer exists in Consul"))
-			} else {
-				h.life.End(lost(LostRenewalFailed, err.Error()))
-			}
-		case <-k.deadline.C:
-			k.pastDeadline()
-		case <-m.changed:
-			m.checkLoss(ctx, k)
-		case o := <-k.lossRead:
-			k.lossDecided(o)
-		case <-k.recheck:
-			k.recheck = nil
-			m.checkLoss(ctx, k)
-		case <-h.guard.moved:
-			h.checkOwner(ctx)
+	failed := func(err error) {
+		if errors.Is(err, ErrSessionNotFound) {
+			h.life.End(lost(LostSessionInvalidated, "the session no longer exists in Consul"))
+		} else {
+			h.life.End(lost(LostRenewalFailed, err.Error()))
 		}
 	}
+	return k.loop(ctx, keepHooks{changed: m.changed, checkLoss: func(ctx context.Context) { m.checkLoss(ctx, k) }, failed: failed, conclude: m.conclude})
 }
 
 // checkLoss looks at every key's newest listing; the first that shows

@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -99,7 +98,7 @@ func (st *State) deriveRW() {
 	}
 	body := rwBody{Holders: map[string]string{}}
 	if st.lock != nil && len(st.lock.Value) > 0 {
-		if err := json.Unmarshal(st.lock.Value, &body); err != nil {
+		if err := decodeRWBody(st.lock.Value, &body); err != nil {
 			st.rwErr = fmt.Errorf("%w: read-write lock %q has a malformed state: %v", ErrConflict, st.Key, err)
 			return
 		}
@@ -215,7 +214,7 @@ func rwBodyWith(st *State, session, mode, drop string) ([]byte, error) {
 	if mode != "" {
 		b.Holders[session] = mode
 	}
-	return json.Marshal(b)
+	return encodeRWBody(b)
 }
 
 // rwStateOps write K's new body by check-and-set on st (creating K, and
@@ -269,13 +268,29 @@ func (h *hold) rwMode() string {
 // at once, the same transaction is the grant (h.early): an uncontended
 // read or write costs one transaction. A try-once request on a state that
 // does not grant it writes nothing.
+//
+// This replica's arrivals on the key go one at a time (rwEnter), each on
+// the state the one before it left when that is the newest known: a
+// burst of readers arriving here together costs one transaction each,
+// where each of them racing the others on K cost a failed transaction and
+// a read per lost race.
 func (h *hold) firstRW(ctx context.Context) (*State, error) {
+	kw := h.sub.kw
+	if err := kw.rwEnter(ctx); err != nil {
+		return nil, err
+	}
+	defer kw.rwLeave()
 	st, _ := h.sub.state()
 	if k := h.b.hub.knownState(h.spec.Key); k != nil && (st == nil || st.lock == nil || k.lock.ModifyIndex >= st.lock.ModifyIndex) {
-		// This replica's own release, which read K unchanged: newer than
-		// a watch's listing at K's index or before (which may still show
-		// the released entry).
+		// This replica's own release, of a hold that saw nobody else:
+		// newer than a watch's listing at K's index or before (which may
+		// still show the released entry).
 		st = k
+	}
+	if l := kw.rwLastState(); l != nil && (st == nil || st.lock == nil || l.lock.ModifyIndex > st.lock.ModifyIndex) {
+		// The last write of K made here, newer than what the watch or a
+		// release knows.
+		st = l
 	}
 	fresh := false
 	if st == nil {
@@ -299,8 +314,10 @@ func (h *hold) firstRW(ctx context.Context) (*State, error) {
 		default:
 			next, err := h.enterRW(ctx, st)
 			if err == nil {
+				kw.noteRW(next)
 				return next, nil
 			}
+			kw.forgetRW(st)
 			if err != errRace {
 				return nil, err
 			}
@@ -491,8 +508,10 @@ func (h *hold) tryRW(ctx context.Context, st *State, fresh bool) (*Sequencer, er
 	next.index, next.live = res[casAt].ModifyIndex, true
 	h.setRecord(next)
 	h.b.hub.known.forget(key)
+	base := afterTxn(st, ops, res)
+	h.sub.kw.noteRW(base)
 	h.mu.Lock()
-	h.rwBase = afterTxn(st, ops, res)
+	h.rwBase = base
 	h.mu.Unlock()
 	return &Sequencer{Key: key, Session: h.session, LockIndex: me.LockIndex, Token: rwToken(res[casAt]), Kind: KindRWLock, Read: h.spec.Mode == ModeRead}, nil
 }
@@ -560,7 +579,7 @@ func rwLeaveOps(st *State, session string) ([]Op, bool, error) {
 // rwForceOps end every hold of the read-write lock in st: K loses every
 // holder (one check-and-set) and their contender entries are deleted.
 func rwForceOps(st *State) ([]Op, error) {
-	body, err := json.Marshal(rwBody{Holders: map[string]string{}, Seq: st.nextSeq()})
+	body, err := encodeRWBody(rwBody{Holders: map[string]string{}, Seq: st.nextSeq()})
 	if err != nil {
 		return nil, err
 	}
@@ -657,8 +676,7 @@ func (h *hold) rwLeaveState(ctx context.Context) (*State, error) {
 }
 
 // leaveOps is leaveOps for the hold. For a read-write lock whose st shows
-// no other contender, the release also reads K (a get in the same
-// transaction), for noteRelease.
+// no other contender, K as st shows it is kept for noteRelease.
 func (h *hold) leaveOps(st *State) ([]Op, bool, error) {
 	ops, held, err := leaveOps(st, h.session)
 	if !h.isRW() || err != nil {
@@ -668,57 +686,132 @@ func (h *hold) leaveOps(st *State) ([]Op, bool, error) {
 	for sid := range st.contenders {
 		quiet = quiet && sid == h.session
 	}
-	var at uint64
-	if quiet && st.lock != nil && len(ops) > 0 {
-		at = st.lock.ModifyIndex
-		ops = append(ops, Op{Verb: OpGet, Key: st.Key})
+	var k *Entry
+	if quiet && st.lock != nil && st.lock.Flags == RWLockFlagValue && len(ops) > 0 {
+		k = st.lock
 	}
 	h.mu.Lock()
-	h.rwQuietAt = at
+	h.rwQuietK = k
 	h.mu.Unlock()
 	return ops, held, nil
 }
 
 // noteRelease is Broker.noteRelease; for a read-write lock whose release
-// found no other contender and read K unchanged since the state it was
-// built on, K is remembered (hub.known), so that the next request of this
+// was built on a state that showed no other contender, K as that state
+// showed it is remembered (hub.known), so that the next request of this
 // replica on the key is granted in one transaction even before a watch
-// lists the key. That is safe: every arrival writes K, so K unchanged
-// means nobody arrived since that state showed nobody but the releaser
-// (whose own listing in K, its entry gone, holds nothing: deriveRW); K
-// still at that index later means nobody is there yet, and anything else
-// costs a failed check-and-set and a read.
+// lists the key. It is a guess, as every known state is: every arrival
+// writes K, so K still at that index when the next request's
+// check-and-set runs means nobody arrived since that state showed nobody
+// but the releaser (whose own listing in K, its entry gone, holds
+// nothing: deriveRW). K moved meanwhile costs that request a failed
+// check-and-set and a read, as having no guess does (it assumes the key
+// absent); a newer listing of the shared watch wins over it (firstRW).
+// (The release read K in its transaction to check it unchanged before:
+// that read cost every release more than the guesses it saved.)
 func (h *hold) noteRelease(ops []Op, res []*Entry) {
 	h.b.noteRelease(ops, res)
 	if !h.isRW() {
 		return
 	}
 	key, ck := h.spec.Key, contenderKey(h.spec.Key, h.session)
-	left := false
-	for i, op := range ops {
-		switch {
-		case op.Verb == OpDeleteCAS && op.Key == ck:
-			left = true
-		case op.Verb == OpGet && op.Key == key:
-			h.mu.Lock()
-			at := h.rwQuietAt
-			h.mu.Unlock()
-			if at != 0 && i < len(res) && res[i] != nil && res[i].ModifyIndex == at && res[i].Flags == RWLockFlagValue {
-				h.b.hub.known.put(res[i])
-				h.clearRWBase()
-				return
-			}
-		}
+	if h.sub != nil {
+		h.sub.kw.rwReleased(h.session)
 	}
-	if left {
-		h.b.hub.known.forget(key)
-		h.clearRWBase()
+	for _, op := range ops {
+		if op.Verb == OpDeleteCAS && op.Key == ck {
+			h.mu.Lock()
+			k := h.rwQuietK
+			h.mu.Unlock()
+			if k != nil {
+				h.b.hub.known.put(k)
+			} else {
+				h.b.hub.known.forget(key)
+			}
+			h.clearRWBase()
+			return
+		}
 	}
 	// (A finish after a Release writes only the record.)
 }
 
 func (h *hold) clearRWBase() {
 	h.mu.Lock()
-	h.rwBase, h.rwQuietAt = nil, 0
+	h.rwBase, h.rwQuietK = nil, nil
 	h.mu.Unlock()
+}
+
+// rwEnter waits for this replica's turn to enter a contender on kw's key
+// (rwLeave ends it): the arrivals of one replica would only race each
+// other's check-and-set of K.
+func (kw *keyWatch) rwEnter(ctx context.Context) error {
+	kw.mu.Lock()
+	if kw.rwGate == nil {
+		kw.rwGate = make(chan struct{}, 1)
+	}
+	gate := kw.rwGate
+	kw.mu.Unlock()
+	select {
+	case gate <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (kw *keyWatch) rwLeave() {
+	kw.mu.Lock()
+	gate := kw.rwGate
+	kw.mu.Unlock()
+	<-gate
+}
+
+// noteRW remembers st, the state a write of K made here left, when it is
+// the newest such.
+func (kw *keyWatch) noteRW(st *State) {
+	if st == nil || st.lock == nil {
+		return
+	}
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if kw.rwLast == nil || st.lock.ModifyIndex > kw.rwLast.lock.ModifyIndex {
+		kw.rwLast, kw.rwLastAt = st, time.Now()
+	}
+}
+
+// rwLastFor bounds how long the state a write of K made here is trusted
+// as a guess: a release elsewhere does not write K, so an older one may
+// show holders long gone (a burst of arrivals is over well within it).
+const rwLastFor = time.Second
+
+// rwLastState is the state the newest write of K made here left (nil
+// when none, or once it is known stale). Only a guess: every arrival
+// built on it checks K.
+func (kw *keyWatch) rwLastState() *State {
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if kw.rwLast != nil && time.Since(kw.rwLastAt) > rwLastFor {
+		kw.rwLast = nil
+	}
+	return kw.rwLast
+}
+
+// forgetRW forgets st if it is the remembered state (an attempt on it
+// failed).
+func (kw *keyWatch) forgetRW(st *State) {
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if kw.rwLast == st {
+		kw.rwLast = nil
+	}
+}
+
+// rwReleased forgets the remembered state when it shows session's
+// contender entry, which a release of this replica just deleted.
+func (kw *keyWatch) rwReleased(session string) {
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if kw.rwLast != nil && kw.rwLast.child(session) != nil {
+		kw.rwLast = nil
+	}
 }
