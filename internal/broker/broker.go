@@ -248,7 +248,8 @@ func (b *Broker) lookup(key, session string) *hold {
 // janitor removes what sessions that ended without the broker cleaning up
 // left behind (a replica crashed, a client destroyed its session in Consul
 // directly): their records (Consul released them, so they have no session)
-// and, for the semaphores a record lists, the session's contender entry.
+// and, for the semaphores a record lists, the session's contender entry;
+// for the lock keys a record waits for, what their queues left (tidyQueue).
 func (b *Broker) janitor(ctx context.Context, every time.Duration) {
 	for sleep(ctx, every) {
 		entries, _, err := b.store.List(ctx, recordPrefix, false)
@@ -256,6 +257,7 @@ func (b *Broker) janitor(ctx context.Context, every time.Duration) {
 			continue
 		}
 		var dead []Op
+		var waited []string
 		for _, e := range entries {
 			if e.Session != "" {
 				continue
@@ -265,8 +267,14 @@ func (b *Broker) janitor(ctx context.Context, every time.Duration) {
 				continue // a dead holder's entry in its lock-delay: later
 			}
 			dead = append(dead, rec.deleteOps()...)
+			waited = append(waited, rec.waited()...)
 		}
 		b.deleteRecords(ctx, b.store, dead)
+		// A waiter whose replica died with it leaves its ticket, dead
+		// now: nobody else may come to the key to remove it.
+		for _, k := range waited {
+			b.tidyQueue(b.store, k)
+		}
 	}
 }
 

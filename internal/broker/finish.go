@@ -206,9 +206,12 @@ func (h *hold) abandon() {
 	if h.owned {
 		h.destroy(ctx)
 		h.dropDeadRecord(ctx)
-		if h.ticketTried && !h.sem {
-			h.b.tidyQueue(h.st, h.spec.Key) // its ticket is dead now
-		}
+	}
+	if h.abandonLater && !h.sem && h.sub != nil && h.sub.lastOut(h.usedQueue()) {
+		// Begun in the background after close: the queue is tidied here,
+		// now that the session ended (its ticket is dead) or the ticket
+		// is deleted. (Otherwise close tidies after this.)
+		h.b.tidyQueue(h.st, h.spec.Key)
 	}
 	if !h.sem || h.session == "" {
 		return

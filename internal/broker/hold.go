@@ -39,8 +39,8 @@ type hold struct {
 	ticket      *Entry
 	ticketTried bool
 	enqueued    bool // the hold took a ticket once (tidyAfter)
-	// handedOff: the hold's release handed the key to a waiter, which
-	// tidies the queue after it in its turn (tidyAfter).
+	// handedOff: the hold's release handed the key to a waiter (see
+	// close and tidyAfter).
 	handedOff atomic.Bool
 	// resumedWait: the request resumed a wait, and this replica owns its
 	// session now (resumeWait).
@@ -48,6 +48,9 @@ type hold struct {
 	// movable: the wait ended because this replica cut off or shut down,
 	// and its client may resume it elsewhere (abandon waits for that).
 	movable bool
+	// abandonLater: abandon runs in the background after begin returned
+	// (and close ran); it tidies the key's queue then (tidyAfter).
+	abandonLater bool
 	// chainStart is when the key last stood free before this grant: a
 	// grant handed over directly inherits its releaser's (handoffChain).
 	chainStart time.Time
@@ -126,7 +129,7 @@ func (b *Broker) begin(ctx context.Context, spec *AcquireSpec, send func(Event) 
 	b.setWaiting(h, true)
 	h.sub = b.hub.subscribeLazy(spec.Key)
 	h.sub.kw.mu.Lock()
-	h.sub.holder = h
+	h.sub.holder, h.sub.queuer = h, !h.sem
 	h.sub.kw.mu.Unlock()
 
 	if h.owned {
@@ -147,6 +150,9 @@ func (b *Broker) begin(ctx context.Context, spec *AcquireSpec, send func(Event) 
 			// Consul does not answer here: the client learns it now and
 			// may go to another replica; the cleanup follows (as after a
 			// renewal failure, see keep.go), bounded by cleanupContext.
+			// It tidies the key's queue itself, after the session's end
+			// (close leaves that to it).
+			h.abandonLater = true
 			b.holds.Add(1)
 			go func() { defer b.holds.Done(); h.abandon() }()
 			return nil, err
@@ -190,6 +196,9 @@ func (h *hold) close() {
 		h.ren.stop()
 	}
 	if h.sub != nil {
+		if !h.abandonLater {
+			h.tidyAfter()
+		}
 		if !h.sem && !h.handedOff.Load() && h.sub.othersWaiting() {
 			// A waiter next behind this hold may sleep with no watch
 			// (needsWatch): the key changed without a hand-off, and only

@@ -108,6 +108,10 @@ type keyWatch struct {
 	courtesy time.Time
 	// own: the listing is this replica's own write alone (publishOwn).
 	own bool
+	// queued: a lock hold of this replica that ended while others of the
+	// key's holds were still here used the key's shared queue; the last
+	// one out tidies it (see lastOut).
+	queued bool
 	// published is when the newest listing came (see describe), began
 	// when its read began (see publish).
 	published, began time.Time
@@ -145,6 +149,10 @@ type sub struct {
 	// as this replica knows (ticket.go). Under kw.mu.
 	ticket uint64
 	ahead  []*Entry
+	// queuer: the subscriber is a lock hold (or a multi-key hold's key),
+	// which may use the key's shared queue; out, once it has counted
+	// itself out of it (lastOut). Under kw.mu.
+	queuer, out bool
 }
 
 // fingerprint summarises a key's entries to tell whether they changed.

@@ -364,14 +364,12 @@ func (h *hold) conclude(ctx context.Context, o Outcome) error {
 		if !h.recycle(true) {
 			h.finish(true)
 		}
-		h.tidyAfter()
 		return err
 	case OutcomeCanceled:
 		released := h.handOffOnCancel()
 		if !h.recycle(released) {
 			h.finish(released)
 		}
-		h.tidyAfter()
 		return ctx.Err()
 	case OutcomeResumed:
 		h.b.log.Info("hold resumed on another replica", zap.String("key", seq.Key), zap.String("session", seq.Session))

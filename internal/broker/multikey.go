@@ -197,7 +197,9 @@ func (b *Broker) beginMulti(ctx context.Context, spec *AcquireSpec, send func(Ev
 		if r == ReasonConsulUnavailable || h.movable {
 			// Consul may not answer here: the client learns it now and
 			// may go to another replica (where the wait starts anew); the
-			// clean-up follows, bounded by cleanupContext.
+			// clean-up follows, bounded by cleanupContext (and tidies
+			// the queues: close leaves that to it).
+			h.abandonLater = true
 			b.holds.Add(1)
 			go func() { defer b.holds.Done(); m.abandon(seqs != nil) }()
 			return nil, err
@@ -228,6 +230,9 @@ func (m *multiHold) close() {
 	}
 	close(m.stop)
 	m.fwd.Wait()
+	if !h.abandonLater {
+		m.tidy() // unless an ending above tidied already (lastOut counts once)
+	}
 	for _, s := range m.subs {
 		s.close()
 	}
@@ -242,6 +247,9 @@ func (m *multiHold) subscribe(lazy bool) {
 	m.lazy = lazy
 	for _, k := range m.keys {
 		s := m.h.b.hub.subscribeAt(k, lazy)
+		s.kw.mu.Lock()
+		s.queuer = true
+		s.kw.mu.Unlock()
 		m.subs = append(m.subs, s)
 		m.fwd.Add(1)
 		go func() {
@@ -899,13 +907,12 @@ func (m *multiHold) tidy() {
 	}()
 }
 
-// untidy are the keys whose queue may need tidying: every key when the
-// request queued; otherwise those whose view (no read) shows a guard or
-// tickets and no live ticket of another waiter, as tidyAfter decides for
-// one key (dead tickets of waiters whose replica died stay until someone
-// tidies them, and a key only multi-key requests use has no other tidier).
+// untidy are the keys whose queue the request tidies as it ends: those
+// of which it is this replica's last lock hold, when one of them used the
+// key's queue or the key's view shows what a tidy removes (see lastOut
+// and tidyAfter); every key when it queued and did not subscribe to all.
 func (m *multiHold) untidy() []string {
-	if m.h.enqueued || len(m.subs) != len(m.keys) {
+	if len(m.subs) != len(m.keys) {
 		if m.h.enqueued {
 			return m.keys
 		}
@@ -913,11 +920,9 @@ func (m *multiHold) untidy() []string {
 	}
 	var keys []string
 	for i, s := range m.subs {
-		st, _ := s.state()
-		if st == nil || st.partial || st.othersQueued(m.h.session) || (st.guard == nil && len(st.tickets) == 0) {
-			continue
+		if s.lastOut(m.h.enqueued || m.h.resumedWait) {
+			keys = append(keys, m.keys[i])
 		}
-		keys = append(keys, m.keys[i])
 	}
 	return keys
 }

@@ -67,6 +67,18 @@ type record struct {
 	live    bool   // the entry is still acquired by its session
 }
 
+// waited are the lock keys whose shared queue the record's session waited
+// in: every key of a multi-key request, else the one it waits for.
+func (r *record) waited() []string {
+	switch {
+	case r.Waiting == "":
+		return nil
+	case len(r.Keys) > 1:
+		return r.Keys
+	}
+	return []string{r.Waiting}
+}
+
 // newRecord is an absent record for session.
 func newRecord(session, owner string) *record {
 	return &record{session: session, Owner: owner, Holds: map[string]uint64{}}

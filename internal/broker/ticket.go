@@ -179,14 +179,16 @@ func handOffQueueOps(key string, st *State, session string, ticket uint64) []Op 
 	return ops
 }
 
-// deadTicketOps delete tickets whose session ended, except session's own.
+// deadTicketOps delete tickets whose session ended, except session's own
+// (every dead ticket when session is "", for tidyQueue: a dead ticket has
+// no session, so comparing it with "" would spare them all).
 func deadTicketOps(st *State, session string) []Op {
 	var ops []Op
 	for _, t := range st.tickets {
 		if len(ops) == maxDeadCleanup {
 			break
 		}
-		if t.Session != session && !ticketLive(st.Key, t) {
+		if (session == "" || t.Session != session) && !ticketLive(st.Key, t) {
 			ops = append(ops, Op{Verb: OpDeleteCAS, Key: t.Key, Index: t.ModifyIndex})
 		}
 	}
@@ -234,7 +236,7 @@ func (h *hold) enqueue(ctx context.Context, st *State) error {
 		next.Waiting = key
 		ops = append(ops, rec.writeOps(next)...)
 	}
-	h.ticketTried = true
+	h.ticketTried, h.enqueued = true, true
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
 		return h.txnFailure(ctx, err, recAt)
@@ -253,14 +255,13 @@ func (h *hold) enqueue(ctx context.Context, st *State) error {
 		}
 	}
 	h.setTicket(t, ahead)
-	h.enqueued = true
 	return nil
 }
 
 // leaveQueue deletes the hold's ticket when it gives up waiting (a
 // broker-owned session's too: its session may be kept, for a wait that
-// moves, or pooled), then tidies the queue if this replica's view shows
-// no other live ticket. It reports whether the ticket is gone.
+// moves, or pooled); the queue is tidied when the hold ends (tidyAfter).
+// It reports whether the ticket is gone.
 func (h *hold) leaveQueue() bool {
 	if !h.ticketTried {
 		return true
@@ -268,7 +269,6 @@ func (h *hold) leaveQueue() bool {
 	if h.movable && h.owned {
 		return true // the wait may go on elsewhere, in its place (movedAway)
 	}
-	defer h.tidyAfter()
 	ctx, cancel := cleanupContext()
 	defer cancel()
 	ops := []Op{{Verb: OpDelete, Key: ticketKey(h.spec.Key, h.session)}}
@@ -418,25 +418,20 @@ func (h *hold) waitPlace(st *State, rec *record) (*Entry, error) {
 	return place, nil
 }
 
-// tidyAfter tidies the key's queue in the background when this replica's
-// view of it (no read) shows no live ticket but the hold's own, and the
-// hold queued once or the view shows a guard or tickets: what the last
-// waiter leaves, and dead tickets of waiters whose sessions ended, go (a
-// view that lags may miss the guard, so a hold that queued looks). An
-// uncontended key has neither, and costs nothing.
+// tidyAfter tidies the key's queue in the background when the hold ends
+// (close) and is the last of this replica's lock holds of the key, if
+// one of them used the queue (lastOut): what the waiters leave behind
+// goes, whatever this replica's view of the key shows (a view that lags,
+// as a waiter's next behind a local holder does, may show tickets long
+// gone, or miss a guard that a hand-off on a stale listing left). The
+// tidy's consistent read comes after the hold's own ticket is gone (its
+// grant, a hand-off or leaveQueue deleted it, or its session ended), so
+// of the replicas whose last holds end at once, the one that reads last
+// sees every other's ticket gone. An uncontended key, whose holds never
+// queue and whose view shows no queue, costs nothing.
 func (h *hold) tidyAfter() {
-	if h.sem || h.sub == nil || h.handedOff.Load() {
-		return // a hand-off's grantee tidies when its own hold ends
-	}
-	st, _ := h.sub.state()
-	switch {
-	case st == nil && h.enqueued:
-		// No view (its watch never ran: see needsWatch): a hold that
-		// queued tidies after a read.
-	case st == nil || st.othersQueued(h.session):
+	if h.sem || h.sub == nil || !h.sub.lastOut(h.usedQueue()) {
 		return
-	case !h.enqueued && (st.partial || (st.guard == nil && len(st.tickets) == 0)):
-		return // never queued, and nothing to tidy in sight
 	}
 	b, store, key := h.b, h.st, h.spec.Key
 	b.holds.Add(1)
@@ -446,28 +441,82 @@ func (h *hold) tidyAfter() {
 	}()
 }
 
+// usedQueue says whether the hold used its key's shared queue: it tried
+// to take a ticket (or resumed a wait with one), or its release handed
+// the key over.
+func (h *hold) usedQueue() bool {
+	return h.enqueued || h.ticketTried || h.resumedWait || h.handedOff.Load()
+}
+
+// lastOut counts the subscriber's hold out of the key's lock holds on
+// this replica (once; mine: it used the key's queue) and reports whether
+// it should tidy the queue: no other lock hold of this replica is left on
+// the key, and one of them used the queue, or the key's view shows what
+// only a tidy removes (a guard with no live ticket, a dead ticket). A
+// hold that leaves while others stay leaves the tidy to the last one.
+func (s *sub) lastOut(mine bool) bool {
+	kw := s.kw
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if s.out {
+		return false
+	}
+	s.out = true
+	kw.queued = kw.queued || mine
+	for o := range kw.subs {
+		if o != s && o.queuer && !o.out {
+			return false
+		}
+	}
+	if !kw.queued && !(kw.ready && !kw.own && untidy(queueState(kw.key, kw.entries, kw.index))) {
+		return false
+	}
+	kw.queued = false
+	return true
+}
+
+// untidy says whether st shows what a tidy removes: a dead ticket, or a
+// guard with no live ticket.
+func untidy(st *State) bool {
+	if st.guard != nil && st.Waiting == 0 {
+		return true
+	}
+	return len(st.tickets) > st.Waiting
+}
+
 // tidyQueue removes what key's shared queue left behind: dead tickets,
 // and the guard once no ticket is live. One consistent read, then
 // check-and-set deletes (a ticket taken meanwhile moves the guard and
-// fails them). Best effort, bounded.
+// fails them). Best effort, bounded: a read or write that fails (Consul
+// away, a leader election) is tried again after 50, 100 ... 800 ms, and
+// every attempt within cleanupContext.
 func (b *Broker) tidyQueue(store Store, key string) {
 	ctx, cancel := cleanupContext()
 	defer cancel()
-	for attempt := range 3 {
-		backoff(ctx, attempt)
-		st, err := b.readState(ctx, key)
-		if err != nil {
+	for attempt := range tidyAttempts {
+		if attempt > 0 && !sleep(ctx, tidyBackoff<<(attempt-1)) {
 			return
 		}
+		st, err := b.readState(ctx, key)
+		if err != nil {
+			continue
+		}
 		ops := deadTicketOps(st, "")
+		more := len(ops) == maxDeadCleanup
 		if st.guard != nil && st.Waiting == 0 {
 			ops = append(ops, Op{Verb: OpDeleteCAS, Key: st.guard.Key, Index: st.guard.ModifyIndex})
 		}
 		if len(ops) == 0 {
 			return
 		}
-		if _, err := store.Txn(ctx, ops); asTxnError(err) == nil {
+		if _, err := store.Txn(ctx, ops); err == nil && !more {
 			return
 		}
 	}
 }
+
+// tidyAttempts and tidyBackoff bound tidyQueue's reads (see there).
+const (
+	tidyAttempts = 5
+	tidyBackoff  = 50 * time.Millisecond
+)
