@@ -7,7 +7,13 @@ import "context"
 // grant's value. The write goes through the caller's tenant's store (its
 // Consul token), as every write made for a tenant does.
 func (b *Broker) SetValue(ctx context.Context, key, session string, value []byte, token uint64) (*Sequencer, error) {
-	for range 20 {
+	for attempt := range maxWriteAttempts {
+		if attempt > 0 {
+			// Another write of the key won (the holder's own SetValues
+			// racing with a token each check the entry's index): back off
+			// a little, with jitter, so that each of them gets its turn.
+			backoff(ctx, attempt)
+		}
 		st, rec, err := b.readHold(ctx, key, session)
 		if err != nil {
 			return nil, err
