@@ -32,13 +32,7 @@ func TestMultiKeyCycleCostsTwoTransactions(t *testing.T) {
 		multiCycle(t, b, keys)
 	}
 	took := time.Since(start)
-	after := store.OpCounts()
-	d := map[string]uint64{}
-	for k, v := range after {
-		if v != before[k] {
-			d[k] = v - before[k]
-		}
-	}
+	d := opsSince(store, before)
 	t.Logf("%d 4-key cycles in %v: Consul calls %v", cycles, took, d)
 	assert.Equal(t, uint64(2*cycles), d["kv_txn_write"], "one grant and one release transaction a cycle")
 	// The lazy watches may start while a cycle holds the keys when their

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
 	"github.com/lockbroker/lockbroker/internal/broker"
@@ -22,54 +21,28 @@ func TestUncontendedCycleTidiesNothing(t *testing.T) {
 	b := broker.New(store, zap.NewNop(), broker.WithSessionPool())
 	t.Cleanup(b.Close)
 	const key = "tidycost/k"
-	lockCycle(t, b, key) // the pool fills, the key exists
+	cycle(t, b, context.Background(), key) // the pool fills, the key exists
 	time.Sleep(500 * time.Millisecond)
 	before := store.OpCounts()
 	const cycles = 40
 	for range cycles {
-		lockCycle(t, b, key)
+		cycle(t, b, context.Background(), key)
 	}
 	time.Sleep(300 * time.Millisecond) // a background tidy would have read by now
-	after := store.OpCounts()
-	d := map[string]uint64{}
-	for k, v := range after {
-		if v != before[k] {
-			d[k] = v - before[k]
-		}
-	}
+	d := opsSince(store, before)
 	t.Logf("%d cycles: Consul calls %v", cycles, d)
 	assert.Equal(t, uint64(2*cycles), d["kv_txn_write"], "one grant and one release transaction a cycle")
 	assert.Zero(t, d["kv_list"], "no read")
 }
 
-// lockCycle takes key, releases it with its token, and waits for the
-// hold's end.
-func lockCycle(t *testing.T, b *broker.Broker, key string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	events := make(chan broker.Event, 16)
-	done := make(chan error, 1)
-	go func() {
-		done <- b.Acquire(ctx, &broker.AcquireSpec{Key: key, WaitForever: true}, func(e broker.Event) error {
-			events <- e
-			return nil
-		})
-	}()
-	var seq *broker.Sequencer
-	for seq == nil {
-		select {
-		case e := <-events:
-			if e.Kind == broker.EventAcquired {
-				s := e.Sequencer
-				seq = &s
-			}
-		case err := <-done:
-			t.Fatalf("Acquire %s ended before its grant: %v", key, err)
+// opsSince is how many calls of each kind store made since before (an
+// earlier OpCounts); kinds it made none of are left out.
+func opsSince(store *consulstore.Store, before map[string]uint64) map[string]uint64 {
+	d := map[string]uint64{}
+	for k, v := range store.OpCounts() {
+		if v != before[k] {
+			d[k] = v - before[k]
 		}
 	}
-	ok, err := b.Release(ctx, key, seq.Session, seq.Token)
-	require.NoError(t, err)
-	require.True(t, ok)
-	require.NoError(t, <-done)
+	return d
 }
