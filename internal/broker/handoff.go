@@ -58,11 +58,15 @@ const (
 func (w *waiter) offer() {
 	h := w.h
 	if h.sem || (h.spec.Resume != nil && !h.resumedWait) || (h.ticket == nil && !mutantNoSharedQueue) {
+		h.sub.kw.mu.Lock()
+		h.sub.decided()
+		h.sub.kw.mu.Unlock()
 		return
 	}
 	s := &handoffSlot{ready: make(chan struct{})}
 	h.sub.kw.mu.Lock()
 	h.sub.slot = s
+	h.sub.decided()
 	h.sub.kw.mu.Unlock()
 	w.slot = s
 }
@@ -78,6 +82,9 @@ func (w *waiter) withdraw() *Sequencer {
 	w.slot = nil
 	w.h.sub.kw.mu.Lock()
 	w.h.sub.slot = nil
+	if w.h.sub.waiting && w.h.sub.offered == nil {
+		w.h.sub.offered = make(chan struct{}) // until the next offer
+	}
 	w.h.sub.kw.mu.Unlock()
 	s.mu.Lock()
 	if s.state == slotOpen {
@@ -136,7 +143,33 @@ func (w *waiter) readyChan() <-chan struct{} {
 // of them tells nothing of it, and a stale listing never makes a waiter
 // the head wrongly. Only the queue's part of that listing is derived
 // (queueState): the head and the hand-off's queue ops need no more.
+// A head that is between two sleeps (it woke, and has not offered its
+// next slot yet: a publication of its own ticket, say) is waited for, at
+// most announceWait: its next offer comes within microseconds unless it
+// leaves, and a release that found the head there would otherwise free
+// the key rather than hand it over.
 func (h *hold) claimNext() (*hold, *handoffSlot, []Op) {
+	var timer *time.Timer
+	for {
+		w, slot, ops, between := h.claimHead()
+		if between == nil {
+			return w, slot, ops
+		}
+		if timer == nil {
+			timer = time.NewTimer(announceWait)
+			defer timer.Stop()
+		}
+		select {
+		case <-between:
+		case <-timer.C:
+			return nil, nil, nil
+		}
+	}
+}
+
+// claimHead is one try of claimNext: when the head is between two
+// sleeps, it returns the channel that its next offer closes.
+func (h *hold) claimHead() (*hold, *handoffSlot, []Op, <-chan struct{}) {
 	kw := h.sub.kw
 	kw.mu.Lock()
 	var st *State
@@ -163,23 +196,28 @@ func (h *hold) claimNext() (*hold, *handoffSlot, []Op) {
 	var w *hold
 	var ops []Op
 	if head != nil {
+		if head.slot == nil && head.offered != nil {
+			between := head.offered
+			kw.mu.Unlock()
+			return nil, nil, nil, between
+		}
 		slot, w = head.slot, head.holder
 		ops = handOffQueueOps(kw.key, st, w.session, head.ticket)
 	}
 	kw.mu.Unlock()
 	if slot == nil || w == nil {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	if w.sem || w.tenant != h.tenant || w.session == "" {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	slot.mu.Lock()
 	defer slot.mu.Unlock()
 	if slot.state != slotOpen {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	slot.state, slot.announced = slotClaimed, make(chan struct{})
-	return w, slot, ops
+	return w, slot, ops, nil
 }
 
 // handoffChain bounds how long a key passes from holder to holder of

@@ -144,6 +144,13 @@ type sub struct {
 	// a direct hand-off while it sleeps (see handoff.go). Under kw.mu.
 	holder *hold
 	slot   *handoffSlot
+	// offered is open while a waiting holder is between two sleeps (it
+	// has no slot now, and will decide on one): made when it starts
+	// waiting and when it withdraws a slot, closed when it offers the
+	// next (or decides not to) and when it stops waiting. A releaser
+	// that finds the head between sleeps waits on it (claimNext). Under
+	// kw.mu.
+	offered chan struct{}
 	// ticket is the CreateIndex of the holder's ticket in the key's shared
 	// queue, 0 without one, and ahead the live tickets ahead of it as far
 	// as this replica knows (ticket.go). Under kw.mu.

@@ -23,8 +23,10 @@ func (s *sub) setWaiting(waiting, wake bool) {
 	if waiting {
 		kw.arrived++
 		s.order = kw.arrived
+		s.offered = make(chan struct{})
 		return
 	}
+	s.decided()
 	if !wake {
 		return
 	}
@@ -35,6 +37,14 @@ func (s *sub) setWaiting(waiting, wake bool) {
 			default:
 			}
 		}
+	}
+}
+
+// decided closes offered (see sub.offered), under kw.mu.
+func (s *sub) decided() {
+	if s.offered != nil {
+		close(s.offered)
+		s.offered = nil
 	}
 }
 
