@@ -94,6 +94,9 @@ type keyWatch struct {
 	key       string
 	dedicated bool
 	pending   bool // not started yet (see subscribeLazy); under h.mu
+	// startTimer starts a pending watch when its first subscriber stops
+	// being young (startAfter); under h.mu.
+	startTimer *time.Timer
 
 	mu      sync.Mutex
 	entries []*Entry // at key and under key/, sorted by key
@@ -172,7 +175,7 @@ func (h *hub) subscribeAt(key string, lazy bool) *sub {
 		kw = &keyWatch{h: h, key: key, stale: true, subs: make(map[*sub]struct{}), delays: make(map[string]time.Duration), pending: true}
 		h.watches[key] = kw
 		if lazy {
-			time.AfterFunc(watchDelay, func() { h.start(kw) })
+			h.startAfterLocked(kw, time.Now().Add(watchDelay))
 		} else {
 			h.startLocked(kw)
 		}

@@ -41,14 +41,18 @@ func TestParkedWatchRestartedBeforeItsLoopEnds(t *testing.T) {
 		}
 	}))
 
-	// The first subscriber's timer starts the watch at 200 ms; by then
-	// only the second, still young, is left: the watch parks.
+	// The first subscriber's timer starts the watch at 200 ms, when it
+	// stops being young. A second, young, subscribes and the first
+	// leaves; the next change of the key returns the query with only
+	// the young one left: the watch parks.
 	_, _, closeFirst := b.SubscribeLazy(key)
-	time.Sleep(150 * time.Millisecond)
+	time.Sleep(250 * time.Millisecond)
+	require.Equal(t, "dedicated", b.WatchMode(key), "the first subscriber is no longer young")
 	wake, index, closeSecond := b.SubscribeLazy(key)
 	t.Cleanup(closeSecond)
-	time.Sleep(30 * time.Millisecond)
 	closeFirst()
+	_, err = kv.Put(&api.KVPair{Key: key, Value: []byte("v0.5")}, nil)
+	require.NoError(t, err)
 	select {
 	case <-restarted:
 	case <-time.After(5 * time.Second):

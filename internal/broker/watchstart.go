@@ -22,18 +22,59 @@ func (h *hub) subscribe(key string) *sub { return h.subscribeAt(key, false) }
 // so that its loss is noticed as soon as an older hold's.
 func (h *hub) subscribeLazy(key string) *sub { return h.subscribeAt(key, true) }
 
-// start starts a pending watch (unless nobody wants it any more).
+// start starts a pending watch when its subscribers need it: unless
+// nobody wants it any more, or every subscriber is still a young hold
+// (each checked every youngEvery, young.go) that has not asked for it
+// (activate); then it starts when the first of them stops being young.
+// On a hot key passed from young hold to young hold (a hand-off chain),
+// the watch so stays pending, where starting it when the key's first
+// hold stopped being young, long gone, ran a blocking query that Consul
+// answered at each hand-off, in the same moment as the hand-off's
+// transaction (on a busy agent it slows that transaction by a third or
+// more).
 func (h *hub) start(kw *keyWatch) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	kw.mu.Lock()
-	idle := len(kw.subs) == 0
-	kw.mu.Unlock()
-	if idle && kw.pending && h.watches[kw.key] == kw {
-		delete(h.watches, kw.key)
+	kw.startTimer = nil
+	if !kw.pending || h.watches[kw.key] != kw {
 		return
 	}
-	h.startLocked(kw)
+	kw.mu.Lock()
+	idle := len(kw.subs) == 0
+	until, young := kw.youngUntilLocked(time.Now())
+	kw.mu.Unlock()
+	switch {
+	case idle:
+		delete(h.watches, kw.key)
+	case young:
+		h.startAfterLocked(kw, until)
+	default:
+		h.startLocked(kw)
+	}
+}
+
+// startAfterLocked has start called at t (once: an earlier schedule is
+// replaced).
+func (h *hub) startAfterLocked(kw *keyWatch, t time.Time) {
+	if kw.startTimer != nil {
+		kw.startTimer.Stop()
+	}
+	kw.startTimer = time.AfterFunc(time.Until(t), func() { h.start(kw) })
+}
+
+// youngUntilLocked reports whether every subscriber is a young hold at
+// now, and then when the first of them stops being one. Under kw.mu.
+func (kw *keyWatch) youngUntilLocked(now time.Time) (time.Time, bool) {
+	var until time.Time
+	for s := range kw.subs {
+		if !s.young.After(now) {
+			return time.Time{}, false
+		}
+		if until.IsZero() || s.young.Before(until) {
+			until = s.young
+		}
+	}
+	return until, !until.IsZero()
 }
 
 // startLocked makes a pending watch dedicated (within the budget) or
@@ -100,23 +141,18 @@ func (s *sub) activate() {
 // park stops a dedicated watch whose subscribers are all young lazy holds
 // (a hot key cycled by short holds would otherwise keep a blocking query
 // running, answering every grant and release): it goes back to pending
-// and starts again when the youngest hold is no longer young. It reports
+// and starts again when the first of its holds is no longer young (a
+// hold that stops being young is no longer checked, so its watch must
+// run from then: see start). It reports
 // whether it did; the caller's query loop (r) then ends.
 func (kw *keyWatch) park(r *dedicatedRun) bool {
 	h := kw.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	kw.mu.Lock()
-	var until time.Time
-	young := len(kw.subs) > 0
+	until, young := kw.youngUntilLocked(time.Now())
 	for s := range kw.subs {
-		if s.waiting || !s.young.After(time.Now()) {
-			young = false
-			break
-		}
-		if s.young.After(until) {
-			until = s.young
-		}
+		young = young && !s.waiting
 	}
 	kw.mu.Unlock()
 	if !young || h.watches[kw.key] != kw {
@@ -128,7 +164,7 @@ func (kw *keyWatch) park(r *dedicatedRun) bool {
 		delete(h.running, kw)
 		h.dedicated--
 	}
-	time.AfterFunc(time.Until(until), func() { h.start(kw) })
+	h.startAfterLocked(kw, until) // the first of them to stop being young needs the watch
 	return true
 }
 

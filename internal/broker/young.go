@@ -67,6 +67,11 @@ func (h *hub) checkYoungLoop(ctx context.Context) {
 			return
 		}
 		for _, s := range failedOwners(ctx, h, &checks) {
+			if s.letGo() {
+				// Its release (or hand-off) changed the key under the
+				// check: no loss to hear, and no watch wanted for it.
+				continue
+			}
 			s.activate()
 		}
 	}
@@ -98,4 +103,17 @@ func (h *hub) youngChecks(checks *checkBatches[*sub]) bool {
 		return false
 	}
 	return true
+}
+
+// letGo says whether the subscriber is a hold that no longer holds its
+// key by its own doing: releasing it, or ended.
+func (s *sub) letGo() bool {
+	s.kw.mu.Lock()
+	h := s.holder
+	s.kw.mu.Unlock()
+	if h == nil {
+		return false
+	}
+	p := h.life.Phase()
+	return p == PhaseReleasing || p == PhaseEnded
 }
