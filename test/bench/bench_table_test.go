@@ -28,7 +28,7 @@ import (
 var (
 	table          = flag.Bool("table", false, "run TestBenchTable (make bench runs it)")
 	tableCycles    = flag.Int("table.cycles", 500, "uncontended cycles per implementation")
-	tableHandoffs  = flag.Int("table.handoffs", 200, "hand-offs per implementation")
+	tableHandoffs  = flag.Int("table.handoffs", 600, "hand-offs per implementation")
 	tableSemCycles = flag.Int("table.sem", 360, "semaphore cycles per implementation")
 	tableReleases  = flag.Int("table.releases", 200, "stream-less TryAcquire + Release samples")
 	tableLoss      = flag.Int("table.loss", 30, "loss-notice samples per implementation")
