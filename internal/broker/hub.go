@@ -95,8 +95,9 @@ type keyWatch struct {
 	dedicated bool
 	pending   bool // not started yet (see subscribeLazy); under h.mu
 	// startTimer starts a pending watch when its first subscriber stops
-	// being young (startAfter); under h.mu.
+	// being young (startAfterLocked), startGen numbers it; under h.mu.
 	startTimer *time.Timer
+	startGen   uint64
 
 	mu      sync.Mutex
 	entries []*Entry // at key and under key/, sorted by key

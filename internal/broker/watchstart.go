@@ -32,10 +32,12 @@ func (h *hub) subscribeLazy(key string) *sub { return h.subscribeAt(key, true) }
 // answered at each hand-off, in the same moment as the hand-off's
 // transaction (on a busy agent it slows that transaction by a third or
 // more).
-func (h *hub) start(kw *keyWatch) {
+func (h *hub) start(kw *keyWatch, gen uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	kw.startTimer = nil
+	if kw.startGen == gen {
+		kw.startTimer = nil
+	}
 	if !kw.pending || h.watches[kw.key] != kw {
 		return
 	}
@@ -54,12 +56,15 @@ func (h *hub) start(kw *keyWatch) {
 }
 
 // startAfterLocked has start called at t (once: an earlier schedule is
-// replaced).
+// replaced; its number, startGen, tells start whether it is still the
+// key's current one).
 func (h *hub) startAfterLocked(kw *keyWatch, t time.Time) {
 	if kw.startTimer != nil {
 		kw.startTimer.Stop()
 	}
-	kw.startTimer = time.AfterFunc(time.Until(t), func() { h.start(kw) })
+	kw.startGen++
+	gen := kw.startGen
+	kw.startTimer = time.AfterFunc(time.Until(t), func() { h.start(kw, gen) })
 }
 
 // youngUntilLocked reports whether every subscriber is a young hold at
