@@ -27,7 +27,7 @@ const slowLossStep = 250 * time.Millisecond
 func (h *hold) keep(ctx context.Context) error {
 	k := h.newKeeper(ctx)
 	defer k.stop()
-	return k.loop(ctx, keepHooks{changed: h.sub.wake, checkLoss: k.checkLoss, failed: k.renewalFailed, conclude: h.conclude})
+	return k.loop(ctx, keepHooks{changed: h.sub.wake, checkLoss: k.checkLoss, conclude: h.conclude})
 }
 
 // keepHooks is what the keep loop needs from its kind of hold: a single
@@ -35,7 +35,6 @@ func (h *hold) keep(ctx context.Context) error {
 type keepHooks struct {
 	changed   <-chan struct{}                      // the held keys' listings changed
 	checkLoss func(context.Context)                // judge whether they show the hold lost
-	failed    func(error)                          // the session's renewal failed for good
 	conclude  func(context.Context, Outcome) error // carry out the decided outcome
 }
 
@@ -65,7 +64,7 @@ func (k *keeper) loop(ctx context.Context, hk keepHooks) error {
 		case <-k.tick:
 			k.keepalive(ctx, h.ren.safeUntil())
 		case err := <-k.failed:
-			hk.failed(err)
+			k.renewalFailed(err)
 		case <-k.deadline.C:
 			k.pastDeadline()
 		case <-hk.changed:
@@ -85,10 +84,12 @@ func (k *keeper) loop(ctx context.Context, hk keepHooks) error {
 func (k *keeper) renewalFailed(err error) {
 	h := k.h
 	if errors.Is(err, ErrSessionNotFound) {
-		// The key's watch should have told first (its loss bound is 1 s,
-		// a renewal comes every TTL/3): say how it was watched.
-		h.b.log.Warn("session gone, noticed by its renewal before the key's watch",
-			append([]zap.Field{zap.String("key", h.spec.Key), zap.String("session", h.session)}, h.sub.describe()...)...)
+		if h.sub != nil { // a single key's hold (a multi-key hold has a watch per key)
+			// The key's watch should have told first (its loss bound is 1
+			// s, a renewal comes every TTL/3): say how it was watched.
+			h.b.log.Warn("session gone, noticed by its renewal before the key's watch",
+				append([]zap.Field{zap.String("key", h.spec.Key), zap.String("session", h.session)}, h.sub.describe()...)...)
+		}
 		h.life.End(lost(LostSessionInvalidated, "the session no longer exists in Consul"))
 		return
 	}

@@ -16,14 +16,7 @@ func (m *multiHold) keep(ctx context.Context) error {
 	h := m.h
 	k := h.newKeeper(ctx)
 	defer k.stop()
-	failed := func(err error) {
-		if errors.Is(err, ErrSessionNotFound) {
-			h.life.End(lost(LostSessionInvalidated, "the session no longer exists in Consul"))
-		} else {
-			h.life.End(lost(LostRenewalFailed, err.Error()))
-		}
-	}
-	return k.loop(ctx, keepHooks{changed: m.changed, checkLoss: func(ctx context.Context) { m.checkLoss(ctx, k) }, failed: failed, conclude: m.conclude})
+	return k.loop(ctx, keepHooks{changed: m.changed, checkLoss: func(ctx context.Context) { m.checkLoss(ctx, k) }, conclude: m.conclude})
 }
 
 // checkLoss looks at every key's newest listing; the first that shows
