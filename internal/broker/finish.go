@@ -281,10 +281,21 @@ func (h *hold) settle(ctx context.Context) {
 	_, _ = h.st.Txn(ctx, append(rec.deleteOps(), unlockOps(h.spec.Key, h.session, hd.Value, h.del)...))
 }
 
-// dropDeadRecord deletes the record a grant cut off in flight may have
-// written, once its session is gone (the janitor would, later).
+// noteUnanswered notes a transaction that wrote the session's record
+// (recAt >= 0) and failed without Consul's answer (cancelled in flight, a
+// timeout): it may have committed (see recUnknown).
+func (h *hold) noteUnanswered(err error, recAt int) {
+	if err != nil && recAt >= 0 && asTxnError(err) == nil {
+		h.recUnknown = true
+	}
+}
+
+// dropDeadRecord deletes the session's record once its session is gone
+// (the janitor would, 15 s later): the record a wait wrote with its
+// ticket or contender entry (Waiting), or one a grant cut off in flight
+// may have written.
 func (h *hold) dropDeadRecord(ctx context.Context) {
-	if !h.unsure {
+	if !h.unsure && !h.recUnknown && h.record().index == 0 {
 		return
 	}
 	h.b.dropDead(ctx, h.st, h.session)

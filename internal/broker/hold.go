@@ -33,6 +33,10 @@ type hold struct {
 	unsure bool      // a grant transaction was cut off in flight (see settle)
 	ahead  *heldRead // a resume's reads, made with or before its renewal (openResumed)
 	guard  *guard    // the session record's index, checked by the sweeper
+	// recUnknown: a transaction that wrote the session's record (a wait's
+	// ticket or contender entry) got no answer, so it may have committed:
+	// the record, dead once the session ends, is deleted (dropDeadRecord).
+	recUnknown bool
 	// ticket is the hold's ticket in its lock key's shared queue, once
 	// taken (ticket.go); ticketTried, once a transaction that takes one
 	// was sent (it may have been committed unanswered).

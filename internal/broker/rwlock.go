@@ -467,6 +467,7 @@ func (h *hold) enterRW(ctx context.Context, st *State) (*State, error) {
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
 		h.unsure = h.unsure || (grant && ctx.Err() != nil)
+		h.noteUnanswered(err, recAt)
 		if te := asTxnError(err); te != nil {
 			if te.Has(TxnSessionInvalid) {
 				if h.owned {

@@ -46,6 +46,7 @@ func (h *hold) enterSemaphore(ctx context.Context, st *State) (*Entry, error) {
 			all = append(slices.Clip(all), rec.writeOps(next)...)
 		}
 		res, err := h.st.Txn(ctx, all)
+		h.noteUnanswered(err, recAt)
 		if te := asTxnError(err); te != nil {
 			if te.Has(TxnSessionInvalid) {
 				return nil, sessionError(ErrSessionNotFound, h.session)

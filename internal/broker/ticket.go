@@ -239,6 +239,7 @@ func (h *hold) enqueue(ctx context.Context, st *State) error {
 	h.ticketTried, h.enqueued = true, true
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
+		h.noteUnanswered(err, recAt)
 		return h.txnFailure(ctx, err, recAt)
 	}
 	if next != nil {
