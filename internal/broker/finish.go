@@ -197,15 +197,18 @@ func (h *hold) abandon() {
 	}
 	ctx, cancel := cleanupContext()
 	defer cancel()
-	if h.owned && (h.ticketTried || h.sem) && h.movedAway(ctx, h.movable) {
+	if h.owned && h.movable && (h.ticketTried || h.sem) && h.movedAway(ctx) {
 		return // the wait goes on elsewhere, in its place
 	}
 	h.settle(ctx)
 	// Destroy first: a contender write the cancelled request left in flight
-	// fails once the session is gone, so the removal below is final.
+	// fails once the session is gone, so the removal below is final. But
+	// the session's record goes before it, fenced (dropRecord).
 	if h.owned {
+		if !h.dropRecord(ctx) {
+			return // resumed elsewhere (or Consul would not say): not ours to end
+		}
 		h.destroy(ctx)
-		h.dropDeadRecord(ctx)
 	}
 	if h.abandonLater && !h.sem && h.sub != nil && h.sub.lastOut(h.usedQueue()) {
 		// Begun in the background after close: the queue is tidied here,
@@ -237,12 +240,10 @@ func (h *hold) abandon() {
 // session is destroyed, which would cost it its place in the queue.
 var moveWait = 5 * time.Second
 
-// movedAway reports whether the hold's wait was resumed on another
-// replica (its record's owner moved): within moveWait when wait, else
-// already. A wait whose client went away may have moved before this
-// replica heard of it (the replica was stopped, and its client resumed
-// the wait elsewhere): its session is not this replica's to destroy.
-func (h *hold) movedAway(ctx context.Context, wait bool) bool {
+// movedAway reports whether the wait, which ended with its replica (cut
+// off, shutting down), was resumed on another replica within moveWait
+// (its record's owner moved).
+func (h *hold) movedAway(ctx context.Context) bool {
 	deadline := time.Now().Add(moveWait)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -251,7 +252,7 @@ func (h *hold) movedAway(ctx context.Context, wait bool) bool {
 		if err == nil && rec.index != 0 && rec.Owner != h.owner {
 			return true
 		}
-		if !wait || !time.Now().Before(deadline) || ctx.Err() != nil {
+		if !time.Now().Before(deadline) || ctx.Err() != nil {
 			return false
 		}
 		sleep(ctx, 250*time.Millisecond)
@@ -275,8 +276,8 @@ func (h *hold) settle(ctx context.Context) {
 		return
 	}
 	rec, err := h.b.readRecord(ctx, h.session)
-	if err != nil {
-		return
+	if err != nil || (rec.index != 0 && rec.Owner != h.owner) {
+		return // a resume elsewhere took the grant over (dropRecord sees it)
 	}
 	_, _ = h.st.Txn(ctx, append(rec.deleteOps(), unlockOps(h.spec.Key, h.session, hd.Value, h.del)...))
 }
@@ -290,13 +291,53 @@ func (h *hold) noteUnanswered(err error, recAt int) {
 	}
 }
 
-// dropDeadRecord deletes the session's record once its session is gone
-// (the janitor would, 15 s later): the record a wait wrote with its
-// ticket or contender entry (Waiting), or one a grant cut off in flight
-// may have written.
-func (h *hold) dropDeadRecord(ctx context.Context) {
-	if !h.unsure && !h.recUnknown && h.record().index == 0 {
-		return
+// dropRecord deletes the session's record before abandon destroys the
+// session, conditioned on the record as this replica last wrote it. A
+// wait resumed on another replica meanwhile moved the record's owner
+// (takeOwner), so the deletion fails, a read shows the new owner, and the
+// session, that replica's now, is left alone: the client may have moved
+// the wait before this replica heard it leave (a stopped replica), or
+// while this clean-up ran. A check by a read before destroying could
+// not tell; nor can a read that fails. Once the record is gone, no
+// replica can resume the wait. It reports whether the session may be
+// destroyed: false when it moved, or when Consul did not answer (the
+// session then ends with its TTL).
+func (h *hold) dropRecord(ctx context.Context) bool {
+	rec := h.record()
+	if rec.index == 0 && !h.unsure && !h.recUnknown {
+		return true // nothing written: there is nothing to resume
 	}
-	h.b.dropDead(ctx, h.st, h.session)
+	var err error
+	for attempt := range dropAttempts {
+		if attempt > 0 {
+			backoff(ctx, attempt+5)
+		}
+		if rec.index != 0 {
+			_, err = h.st.Txn(ctx, rec.deleteOps())
+			if err == nil {
+				return true
+			}
+			if asTxnError(err) == nil {
+				continue // Consul busy or away: again
+			}
+		}
+		// The record moved, or was never known: read it.
+		var r *record
+		if r, err = h.b.readRecord(ctx, h.session); err != nil {
+			continue
+		}
+		switch {
+		case r.index == 0:
+			return true // gone, or never written
+		case r.Owner != h.owner:
+			return false // resumed elsewhere: not this replica's
+		}
+		rec = r
+		h.setRecord(r)
+	}
+	h.b.log.Warn("cannot end the session of an abandoned request; it expires with its TTL", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Error(err))
+	return false
 }
+
+// dropAttempts bounds dropRecord's rounds (each within cleanupContext).
+const dropAttempts = 8

@@ -35,7 +35,7 @@ type hold struct {
 	guard  *guard    // the session record's index, checked by the sweeper
 	// recUnknown: a transaction that wrote the session's record (a wait's
 	// ticket or contender entry) got no answer, so it may have committed:
-	// the record, dead once the session ends, is deleted (dropDeadRecord).
+	// abandon deletes the record, as one it wrote (dropRecord).
 	recUnknown bool
 	// ticket is the hold's ticket in its lock key's shared queue, once
 	// taken (ticket.go); ticketTried, once a transaction that takes one

@@ -831,6 +831,7 @@ func (m *multiHold) enqueue(ctx context.Context, sts []*State) error {
 	h.enqueued = true
 	res, err := h.st.Txn(ctx, ops)
 	if err != nil {
+		h.noteUnanswered(err, recAt)
 		return h.txnFailure(ctx, err, recAt)
 	}
 	if next != nil {
@@ -873,8 +874,11 @@ func (m *multiHold) abandon(held bool) {
 		h.pooled.pool.put(h.pooled)
 		return
 	}
-	if m.ticketTried && h.movedAway(ctx, h.movable) {
+	if m.ticketTried && h.movable && h.movedAway(ctx) {
 		return // the wait goes on elsewhere, in its places
+	}
+	if !h.dropRecord(ctx) {
+		return // resumed elsewhere (or Consul would not say): not ours to end
 	}
 	if m.ticketTried {
 		var ops []Op
@@ -884,9 +888,6 @@ func (m *multiHold) abandon(held bool) {
 		_, _ = h.st.Txn(ctx, ops)
 	}
 	h.destroy(ctx)
-	if h.unsure || h.record().index != 0 {
-		h.b.dropDead(ctx, h.st, h.session)
-	}
 	m.tidy()
 }
 
