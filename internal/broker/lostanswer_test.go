@@ -2,7 +2,6 @@ package broker_test
 
 import (
 	"bytes"
-	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -50,7 +49,7 @@ func TestHandOffAnswerLost(t *testing.T) {
 	var handOffTxns, plainReleases atomic.Int32
 	cfg := agent.Intercept(t, func(w http.ResponseWriter, r *http.Request, next http.Handler) {
 		if k := countKey.Load().(string); k != "" && r.URL.Path == "/v1/txn" {
-			body, err := io.ReadAll(r.Body)
+			body, err := peekBody(r)
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusBadGateway)
 				return
@@ -62,36 +61,25 @@ func TestHandOffAnswerLost(t *testing.T) {
 					plainReleases.Add(1)
 				}
 			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
 		if r.Method == http.MethodGet && r.URL.Path == "/v1/kv/"+readKey.Load().(string) && r.URL.Query().Has("consistent") && failReads.Add(-1) >= 0 {
 			http.Error(w, "rpc error making call: EOF", http.StatusInternalServerError)
 			return
 		}
 		if r.URL.Path == "/v1/txn" && lose.Load() {
-			body, err := io.ReadAll(r.Body)
+			body, err := peekBody(r)
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusBadGateway)
 				return
 			}
 			handOff := bytes.Contains(body, []byte(`"Verb":"unlock"`)) && bytes.Contains(body, []byte(`"Verb":"lock"`))
 			if handOff && lose.CompareAndSwap(true, false) {
-				req, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+agent.HTTPAddr()+r.URL.RequestURI(), bytes.NewReader(body))
-				if err == nil {
-					req.Header = r.Header.Clone()
-					var resp *http.Response
-					if resp, err = http.DefaultClient.Do(req); err == nil {
-						_, _ = io.Copy(io.Discard, resp.Body)
-						_ = resp.Body.Close()
-						if resp.StatusCode == http.StatusOK {
-							committed.Add(1)
-						}
-					}
+				if code, err := sendToAgent(agent, r, body); err == nil && code == http.StatusOK {
+					committed.Add(1)
 				}
 				http.Error(w, "rpc error making call: EOF", http.StatusInternalServerError)
 				return
 			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
 		next.ServeHTTP(w, r)
 	})

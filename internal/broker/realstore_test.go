@@ -1,7 +1,10 @@
 package broker_test
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -118,4 +121,30 @@ func (h *testHold) sent(kind broker.EventKind) (broker.Event, bool) {
 			return broker.Event{}, false
 		}
 	}
+}
+
+// peekBody reads r's body, for a test's proxy (consultest's Intercept) to
+// look at, and puts it back for the agent.
+func peekBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, err
+}
+
+// sendToAgent sends r, whose body is body, to the agent itself and
+// returns Consul's status: a test's proxy that then answers r otherwise
+// makes the broker lose Consul's answer.
+func sendToAgent(agent *consultest.Agent, r *http.Request, body []byte) (int, error) {
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+agent.HTTPAddr()+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header = r.Header.Clone()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
 }

@@ -3,7 +3,6 @@ package broker_test
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -43,12 +42,11 @@ func TestCancelledWaitLeavesNoRecord(t *testing.T) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		body, err := io.ReadAll(r.Body)
+		body, err := peekBody(r)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
 		rec := waitingRecord(body)
 		mu.Lock()
 		mine := rec != "" && cut
@@ -60,21 +58,8 @@ func TestCancelledWaitLeavesNoRecord(t *testing.T) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		req, err := http.NewRequest(r.Method, "http://"+agent.HTTPAddr()+r.URL.RequestURI(), bytes.NewReader(body))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		req.Header = r.Header.Clone()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("the wait's transaction was refused: %s", resp.Status)
+		if code, err := sendToAgent(agent, r, body); err != nil || code != http.StatusOK {
+			t.Errorf("the wait's transaction was refused: %d %v", code, err)
 			return
 		}
 		committed <- rec
