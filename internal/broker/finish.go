@@ -209,6 +209,7 @@ func (h *hold) abandon() {
 			return // resumed elsewhere (or Consul would not say): not ours to end
 		}
 		h.destroy(ctx)
+		h.dropLateRecord(ctx)
 	}
 	if h.abandonLater && !h.sem && h.sub != nil && h.sub.lastOut(h.usedQueue()) {
 		// Begun in the background after close: the queue is tidied here,
@@ -337,6 +338,17 @@ func (h *hold) dropRecord(ctx context.Context) bool {
 	}
 	h.b.log.Warn("cannot end the session of an abandoned request; it expires with its TTL", zap.String("key", h.spec.Key), zap.String("session", h.session), zap.Error(err))
 	return false
+}
+
+// dropLateRecord deletes, once the session is gone, the record that a
+// transaction left in flight (unsure, recUnknown) may have written after
+// dropRecord read it absent, and before the destroy: a write Consul
+// applies after the destroy fails (it needs the live session, or the
+// record dropRecord deleted), so this read is the last word.
+func (h *hold) dropLateRecord(ctx context.Context) {
+	if h.unsure || h.recUnknown {
+		h.b.dropDead(ctx, h.st, h.session)
+	}
 }
 
 // dropAttempts bounds dropRecord's rounds (each within cleanupContext).

@@ -888,6 +888,7 @@ func (m *multiHold) abandon(held bool) {
 		_, _ = h.st.Txn(ctx, ops)
 	}
 	h.destroy(ctx)
+	h.dropLateRecord(ctx)
 	m.tidy()
 }
 

@@ -133,9 +133,10 @@ func peekBody(r *http.Request) ([]byte, error) {
 
 // sendToAgent sends r, whose body is body, to the agent itself and
 // returns Consul's status: a test's proxy that then answers r otherwise
-// makes the broker lose Consul's answer.
+// makes the broker lose Consul's answer. It is sent even when the broker
+// gave r up already (as a request in flight reaches Consul).
 func sendToAgent(agent *consultest.Agent, r *http.Request, body []byte) (int, error) {
-	req, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+agent.HTTPAddr()+r.URL.RequestURI(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(context.WithoutCancel(r.Context()), r.Method, "http://"+agent.HTTPAddr()+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
