@@ -149,3 +149,11 @@ func SetDeadHolderFor(d time.Duration) (restore func()) {
 	deadHolderFor = d
 	return func() { deadHolderFor = old }
 }
+
+// SetCourtesyHook sets the hook a waiter runs when the courtesy to
+// Consul's own clients keeps it from a free key (turn).
+func SetCourtesyHook(f func(key string)) (restore func()) {
+	old := testHookCourtesy
+	testHookCourtesy = f
+	return func() { testHookCourtesy = old }
+}

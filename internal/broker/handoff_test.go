@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,6 +94,49 @@ func TestHandOffAnnouncesFirst(t *testing.T) {
 		assert.Greater(t, got.Sequencer.Token, cur.Token)
 		t.Logf("Release took %s with the new holder's send held", took.Round(time.Millisecond))
 	})
+}
+
+// TestWaiterWakesWhenCourtesyEnds: a waiter that the courtesy to Consul's
+// own clients keeps from the free key sleeps until the courtesy ends,
+// then takes the key, even when the courtesy ended between the look that
+// refused the key and the sleep. That sleep had no timer then, and waited
+// for a change of the key that nobody made: under -race,
+// TestWaiterBehindLocalHolderSleepsWithoutWatch hung so in about one run
+// in twenty (once in CI). Here the hook holds the waiter past the
+// courtesy at that moment, every round.
+func TestWaiterWakesWhenCourtesyEnds(t *testing.T) {
+	t.Cleanup(broker.SetHandoffChain(0, 30*time.Millisecond)) // restored once the broker has closed
+	var held atomic.Int32
+	t.Cleanup(broker.SetCourtesyHook(func(string) {
+		held.Add(1)
+		time.Sleep(40 * time.Millisecond)
+	}))
+	_, store := startStore(t, consulstore.Options{})
+	b := broker.New(store, zap.NewNop())
+	t.Cleanup(b.Close)
+	var took []time.Duration
+	exercised := 0
+	for i := range 5 {
+		key := fmt.Sprintf("handoff/courtesy/%d", i)
+		holder := startHold(t, b, lockForever(key), nil)
+		cur := holder.next(broker.EventAcquired).Sequencer
+		w := startHold(t, b, lockForever(key), nil)
+		w.next(broker.EventQueued)
+		before := held.Load()
+		t0 := time.Now()
+		ok, err := b.Release(context.Background(), key, cur.Session, cur.Token)
+		require.NoError(t, err, "round %d", i)
+		require.True(t, ok, "round %d", i)
+		w.nextWithin(broker.EventAcquired, 3*time.Second)
+		took = append(took, time.Since(t0))
+		if held.Load() > before {
+			exercised++ // (a waiter that first looks after the courtesy never meets it)
+		}
+		w.cancel()
+		holder.cancel()
+	}
+	t.Logf("release -> grant, the courtesy ending before the waiter sleeps: %v (%d of 5 rounds met the courtesy)", took, exercised)
+	assert.Positive(t, exercised, "no round met the courtesy")
 }
 
 // TestWaiterBehindLocalHolderSleepsWithoutWatch: a waiter next behind a

@@ -41,6 +41,10 @@ type waiter struct {
 	// set: a touch of one of them since restarts the grace (ticket.go).
 	touched  uint64
 	position int // in the shared queue, as last reported
+	// courteous: turn refused the free key for the courtesy to Consul's
+	// own clients (handoffChain); the sleep that follows wakes when it
+	// ends, even if it ended meanwhile (graceLeft).
+	courteous bool
 }
 
 // QueuedHeartbeat is how often a waiting request hears `queued` again when
@@ -466,6 +470,8 @@ func (w *waiter) turn(st *State) bool {
 		return !st.othersQueued(h.session)
 	}
 	if h.sub.courtesyLeft() > 0 {
+		w.courteous = true
+		testHookCourtesy(h.spec.Key)
 		return false // a newcomer finds the ticket holders queued
 	}
 	if h.aheadOf(st) == 0 {
@@ -479,6 +485,10 @@ func (w *waiter) turn(st *State) bool {
 	return time.Since(w.freeSince) >= queueGrace
 }
 
+// testHookCourtesy runs when the courtesy keeps a waiter from the free
+// key (handoff_test.go lets it end there).
+var testHookCourtesy = func(key string) {}
+
 // graceLeft is how long until a waiter may take the free key (see turn)
 // when time is what it waits for: a courtesy to Consul's own clients, or
 // the grace of a silent head.
@@ -486,8 +496,12 @@ func (w *waiter) graceLeft(st *State) (time.Duration, bool) {
 	if st == nil || len(st.Holders) > 0 || w.h.sem {
 		return 0, false
 	}
-	if c := w.h.sub.courtesyLeft(); c > 0 {
-		return c, true
+	// A courtesy that turn waited for may have ended since: the sleep
+	// must end all the same, or it waits for a change of a free key that
+	// nobody makes.
+	if c := w.h.sub.courtesyLeft(); c > 0 || w.courteous {
+		w.courteous = false
+		return max(c, time.Millisecond), true
 	}
 	if w.freeSince.IsZero() {
 		return 0, false
