@@ -3,7 +3,6 @@ package broker_test
 import (
 	"bytes"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -76,14 +75,7 @@ func TestMovedWaitNotEndedByItsOldReplica(t *testing.T) {
 			}
 			close(c)
 			if read { // Consul answers now; A hears it after the move
-				rec := httptest.NewRecorder()
-				next.ServeHTTP(rec, r)
-				<-l
-				for k, v := range rec.Header() {
-					w.Header()[k] = v
-				}
-				w.WriteHeader(rec.Code)
-				_, _ = w.Write(rec.Body.Bytes())
+				answerAfter(w, r, next, func() { <-l })
 				return
 			}
 			<-l // the transaction reaches Consul after the move

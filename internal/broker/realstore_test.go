@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -148,4 +149,18 @@ func sendToAgent(agent *consultest.Agent, r *http.Request, body []byte) (int, er
 	_, _ = io.Copy(io.Discard, resp.Body)
 	_ = resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// answerAfter has Consul (next) answer r now, and passes the answer on to
+// the broker only after between returned: what the broker reads is from
+// before whatever between does.
+func answerAfter(w http.ResponseWriter, r *http.Request, next http.Handler, between func()) {
+	rec := httptest.NewRecorder()
+	next.ServeHTTP(rec, r)
+	between()
+	for k, v := range rec.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.Code)
+	_, _ = w.Write(rec.Body.Bytes())
 }

@@ -3,7 +3,6 @@ package broker_test
 import (
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -47,14 +46,7 @@ func TestCancelledWaitLeavesNoRecord(t *testing.T) {
 		m, late := mode, commitLate
 		mu.Unlock()
 		if late != nil && r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/kv/"+broker.BrokerPrefix+"sessions/") && r.URL.Query().Has("consistent") {
-			rec := httptest.NewRecorder()
-			next.ServeHTTP(rec, r)
-			late()
-			for k, v := range rec.Header() {
-				w.Header()[k] = v
-			}
-			w.WriteHeader(rec.Code)
-			_, _ = w.Write(rec.Body.Bytes())
+			answerAfter(w, r, next, late)
 			return
 		}
 		if m == "" || r.URL.Path != "/v1/txn" {
