@@ -588,7 +588,7 @@ func (h *hold) tryRW(ctx context.Context, st *State, fresh bool) (*Sequencer, er
 		h.unsure = h.unsure || ctx.Err() != nil
 		return nil, h.txnFailure(ctx, err, recAt)
 	}
-	if res[casAt] == nil {
+	if res[casAt] == nil || res[0] == nil {
 		return nil, fmt.Errorf("consul returned no entry for %q", key)
 	}
 	next.index, next.live = res[casAt].ModifyIndex, true
@@ -599,7 +599,8 @@ func (h *hold) tryRW(ctx context.Context, st *State, fresh bool) (*Sequencer, er
 	h.mu.Lock()
 	h.rwBase = base
 	h.mu.Unlock()
-	return &Sequencer{Key: key, Session: h.session, LockIndex: me.LockIndex, Token: rwToken(res[casAt]), Kind: KindRWLock, Read: h.spec.Mode == ModeRead}, nil
+	// The entry's LockIndex as the transaction found it, as trySemaphore's.
+	return &Sequencer{Key: key, Session: h.session, LockIndex: res[0].LockIndex, Token: rwToken(res[casAt]), Kind: KindRWLock, Read: h.spec.Mode == ModeRead}, nil
 }
 
 // rwDropDead deletes the entries of dead (dead holders of st) under

@@ -108,6 +108,13 @@ func semaphoreConflict(st *State, limit uint32) error {
 // full (or, with fair, when older waiters go first), errRace, or a final
 // error. The admitting check-and-set of `.lock` and the session's record
 // are one transaction: the token is its Raft index.
+//
+// The grant's LockIndex is the contender entry's as the transaction found
+// it (its check-session answers with the entry), not as st shows it: a
+// watch listing can lag the entry. A moved wait enters its entry again
+// (enterSemaphore bumps the LockIndex); a listing from before that, which
+// shows the slot free, passes every check of the grant, and its LockIndex
+// would make the next listing look like the entry was taken away.
 func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequencer, error) {
 	if h.isRW() {
 		return h.tryRW(ctx, st, fresh)
@@ -161,12 +168,12 @@ func (h *hold) trySemaphore(ctx context.Context, st *State, fresh bool) (*Sequen
 		h.unsure = h.unsure || ctx.Err() != nil
 		return nil, h.txnFailure(ctx, err, recAt)
 	}
-	if res[casAt] == nil {
+	if res[casAt] == nil || res[0] == nil {
 		return nil, fmt.Errorf("consul returned no entry for %q", lockKey)
 	}
 	next.index, next.live = res[casAt].ModifyIndex, true
 	h.setRecord(next)
-	return &Sequencer{Key: prefix, Session: h.session, LockIndex: me.LockIndex, Token: res[casAt].ModifyIndex, Kind: KindSemaphore}, nil
+	return &Sequencer{Key: prefix, Session: h.session, LockIndex: res[0].LockIndex, Token: res[casAt].ModifyIndex, Kind: KindSemaphore}, nil
 }
 
 // semPosition is the hold's place among the semaphore's waiters as st

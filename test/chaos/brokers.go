@@ -111,7 +111,11 @@ func (b *Broker) Start(ctx context.Context) error {
 	defer log.Close()
 	b.incarnation++
 	fmt.Fprintf(log, "=== chaos: %s incarnation %d starting at %s\n", b.Name(), b.incarnation, time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(b.bin, "--listen", b.Addr, "--http-listen", b.HTTPAddr, "--log-level", "warn",
+	level := "warn"
+	if v := os.Getenv("CHAOS_BROKER_LOG_LEVEL"); v != "" {
+		level = v // debug, to replay a failing seed with the brokers' reasoning
+	}
+	cmd := exec.Command(b.bin, "--listen", b.Addr, "--http-listen", b.HTTPAddr, "--log-level", level,
 		"--shutdown-timeout", b.shutdown.String())
 	env := []string{"CONSUL_HTTP_ADDR=" + b.ConsulAddr, "GORACE=halt_on_error=0"}
 	for _, kv := range os.Environ() {
